@@ -1,0 +1,1 @@
+"""scalesuite: run, measure and compare distributed-training strategies."""

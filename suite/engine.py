@@ -1,0 +1,77 @@
+"""The Engine: the one interface between the training loop and every strategy.
+
+The loop (``suite.train``) calls only what is here; a strategy turns a model factory, an
+optimizer factory and the distributed context (together: ``Setup``) into an Engine.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from suite.dist import DistContext
+from suite.task import Task
+
+
+@dataclass
+class StepResult:
+    loss: Optional[torch.Tensor]  # mean loss of this rank's samples; None where no loss is computed
+    samples: int  # samples this rank's loss stands for (0 where loss is None)
+    correct: Optional[torch.Tensor] = None  # correctly classified samples, where it applies
+
+
+@dataclass
+class Setup:
+    """What a strategy is given to build its Engine."""
+    ctx: DistContext
+    build_model: Callable[[], torch.nn.Module]  # same seed every call: identical initial weights
+    make_optimizer: Callable  # params -> torch.optim.Optimizer
+    task: Task
+    precision: str = "fp32"
+    grad_accumulation: int = 1
+    micro_batch_size: int = 1  # samples per rank per micro-batch
+    seed: int = 0
+    run_dir: Optional[str] = None
+
+    def autocast(self):
+        if self.precision == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.ctx.device.type, dtype=dtype)
+
+    def micro_batches(self, inputs, targets):
+        n = self.grad_accumulation
+        return list(zip(inputs.chunk(n), targets.chunk(n))) if n > 1 else [(inputs, targets)]
+
+
+class Engine:
+    """A strategy's running form on one rank.
+
+    ``dp_rank``/``dp_size`` tell the loop which shard of the data this rank reads (ranks of
+    one tensor/pipeline group share a shard).
+    """
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> StepResult:
+        """One optimizer step on this rank's part of the global batch."""
+        raise NotImplementedError
+
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> Optional[torch.Tensor]:
+        """[loss_sum, correct, count] for this batch, or None where this rank sees no output."""
+        raise NotImplementedError
+
+    def held_bytes(self) -> dict:
+        """Bytes of parameters, gradients and optimizer state this rank holds."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

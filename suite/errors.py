@@ -1,0 +1,17 @@
+"""Errors meant for people: one line that names the problem and the fix."""
+
+
+class SuiteError(Exception):
+    """A user-facing error: bad recipe, impossible world size, missing data, failed run.
+
+    The CLI prints ``error: <message>`` and exits with ``exit_code`` (2 for bad input,
+    1 for a run that failed), never a traceback.
+    """
+
+    exit_code = 2
+
+
+class RunFailed(SuiteError):
+    """The job started but a rank failed, was cancelled or timed out."""
+
+    exit_code = 1

@@ -1,0 +1,64 @@
+"""Every metric the suite reports, defined once, with its unit in its name.
+
+- step_time_s: wall time of one optimizer step on one rank (device synchronised on GPU).
+- samples_per_s: global training samples / wall time spent in training steps (eval excluded).
+- epoch_time_s: wall time of one epoch's training steps on rank 0 (eval excluded).
+- eval_time_s: wall time of one full pass over the validation set.
+- peak_memory_bytes: on GPU, the CUDA allocator's peak allocated bytes; on CPU, the process's
+  peak resident set size (which includes the Python runtime and libraries).
+- held_bytes: exact bytes (numel x element size) of the parameters, gradients and optimizer
+  state tensors the rank holds; for sharded tensors, only the local shard.
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from typing import Iterable
+
+import torch
+
+
+def tensor_bytes(tensors: Iterable) -> int:
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if hasattr(t, "to_local"):  # DTensor: count only this rank's shard
+            t = t.to_local()
+        if hasattr(t, "ds_tensor"):  # DeepSpeed ZeRO-3: the partition this rank owns
+            t = t.ds_tensor
+        total += t.numel() * t.element_size()
+    return total
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    return sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class Stopwatch:
+    """Wall time of a block; synchronises the device first so GPU work is counted."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.elapsed_s = 0.0
+
+    def __enter__(self):
+        self.ctx.synchronize()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.ctx.synchronize()
+        self.elapsed_s = time.perf_counter() - self._t0
+
+
+def median(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None

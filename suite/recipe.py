@@ -1,0 +1,236 @@
+"""Recipes: the YAML that names model, data, strategy, optimizer, training, launch and tracking.
+
+``load(path, overrides)`` reads a recipe, applies ``a.b=c`` overrides, expands its ``sweep``
+block into one recipe per point and validates each. Every error names the key path, the bad
+value and what would be accepted, as a ``SuiteError``.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
+                      ValidationError)
+
+from suite.data import DATASETS
+from suite.errors import SuiteError
+from suite.models import MODELS
+from suite.strategies import STRATEGIES
+
+
+def _union(options_classes):
+    classes = tuple(options_classes)
+    return Annotated[Union[classes], Field(discriminator="name")] if len(classes) > 1 else classes[0]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Optimizer(Strict):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: PositiveFloat = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+
+
+class Training(Strict):
+    epochs: PositiveInt = 1
+    max_steps: Optional[PositiveInt] = None  # stop after this many optimizer steps in all
+    batch_size: PositiveInt = 64  # global: samples per optimizer step, summed over data-parallel ranks
+    grad_accumulation: PositiveInt = 1  # micro-batches per optimizer step on each rank
+    seed: int = 0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
+    log_every_steps: PositiveInt = 10
+
+
+class Launch(Strict):
+    executor: Literal["local", "slurm", "debug"] = "local"
+    nodes: PositiveInt = 1
+    tasks_per_node: PositiveInt = 1  # one task per rank
+    devices_per_task: PositiveInt = 1  # devices one rank drives (layer-wise model parallel)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when the rank has a GPU
+    cpus_per_task: Optional[PositiveInt] = None  # default: the node's cores / tasks_per_node
+    gpus_per_node: NonNegativeInt = 0
+    mem_gb: Optional[PositiveFloat] = None
+    timeout_min: PositiveInt = 60
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    sbatch_extra: dict[str, Any] = {}
+    array_parallelism: PositiveInt = 16  # sweep points running at once on Slurm
+    collective_timeout_s: PositiveInt = 300  # a rank stuck this long in a collective fails the run
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+class Tracking(Strict):
+    wandb: Literal["offline", "online", "disabled"] = "offline"  # $WANDB_MODE overrides
+    project: str = "scalesuite"
+    entity: Optional[str] = None
+    sample_interval_s: PositiveFloat = 1.0  # utilisation sampler and W&B system metrics
+
+
+class Recipe(Strict):
+    """One run: what to train, how to split it, how to launch it."""
+    name: str
+    model: _union(o for o, _ in MODELS.values())
+    data: _union(DATASETS.values())
+    strategy: _union(s.Options for s in STRATEGIES.values())
+    optimizer: Optimizer = Optimizer()
+    training: Training = Training()
+    launch: Launch = Launch()
+    tracking: Tracking = Tracking()
+    sweep: dict[str, list[Any]] = {}  # key path -> values; expanded before validation
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    def dp_size(self) -> int:
+        return self.strategy.dp_size(self.world_size)
+
+    def micro_batch_size(self) -> int:
+        return self.training.batch_size // (self.dp_size() * self.training.grad_accumulation)
+
+    def fingerprint(self) -> str:
+        """Hash of what determines the numbers (everything but launch and tracking)."""
+        d = self.model_dump(mode="json", exclude={"launch", "tracking", "sweep", "name"})
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+def load(path: str | Path, overrides: list[str] = ()) -> list[Recipe]:
+    """Read a recipe file, apply ``key.path=value`` overrides, expand the sweep, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise SuiteError(f"recipe {path} does not exist (recipes live in recipes/*.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SuiteError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise SuiteError(f"recipe {path} must be a mapping of keys (name, model, data, strategy, ...)")
+    raw.setdefault("name", path.stem)
+    for item in overrides:
+        apply_override(raw, item)
+    return [validate(point) for point in expand_sweep(raw)]
+
+
+def apply_override(raw: dict, item: str) -> None:
+    if "=" not in item:
+        raise SuiteError(f"override {item!r} must look like key.path=value (e.g. training.epochs=3)")
+    key, _, text = item.partition("=")
+    value = yaml.safe_load(text) if text else None
+    set_path(raw, key.strip(), value)
+
+
+def set_path(raw: dict, key: str, value) -> None:
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SuiteError(f"override {key}: {'.'.join(parts[:i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def expand_sweep(raw: dict) -> list[dict]:
+    sweep = raw.pop("sweep", None) or {}
+    if not isinstance(sweep, dict):
+        raise SuiteError("sweep must map key paths to lists of values, e.g. sweep: {launch.tasks_per_node: [1, 2]}")
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise SuiteError(f"sweep.{key} must be a non-empty list of values")
+    points = []
+    for combo in itertools.product(*sweep.values()):
+        point = copy.deepcopy(raw)
+        for key, value in zip(sweep, combo):
+            set_path(point, key, value)
+        if sweep:
+            point["name"] = raw["name"] + "-" + "-".join(f"{k.split('.')[-1]}{_short(v)}" for k, v in zip(sweep, combo))
+        points.append(point)
+    return points
+
+
+def _short(value) -> str:
+    return str(value).replace(" ", "").replace("/", "_")
+
+
+def validate(raw: dict) -> Recipe:
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise SuiteError(format_error(e.errors()[0], raw)) from None
+    check(recipe)
+    return recipe
+
+
+def check(recipe: Recipe) -> None:
+    """Checks that need more than one key: degrees against world size, batch divisibility."""
+    recipe.strategy.check(recipe)
+    dp, acc, batch = recipe.dp_size(), recipe.training.grad_accumulation, recipe.training.batch_size
+    if batch % (dp * acc):
+        raise SuiteError(
+            f"training.batch_size={batch} must divide into {dp} data-parallel ranks x "
+            f"{acc} accumulation steps; use a multiple of {dp * acc}")
+    if recipe.training.precision == "fp16" and recipe.launch.device == "cpu":
+        raise SuiteError("training.precision=fp16 needs a GPU; use bf16 on CPU")
+
+
+# ---- error messages -----------------------------------------------------------------------
+
+_TAGGED = {"model": MODELS, "data": DATASETS, "strategy": STRATEGIES}
+
+
+def format_error(err: dict, raw: dict) -> str:
+    loc = [str(p) for p in err["loc"]]
+    # Drop the union tag pydantic puts in the location (model.mlp.hidden -> model.hidden).
+    if len(loc) > 1 and loc[0] in _TAGGED and loc[1] in _TAGGED[loc[0]]:
+        loc.pop(1)
+    path = ".".join(loc) or "recipe"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1], raw)
+        return f"unknown recipe key {path}; accepted here: {', '.join(allowed)}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        section = loc[0]
+        names = ", ".join(_TAGGED[section])
+        got = (raw.get(section) or {}).get("name") if isinstance(raw.get(section), dict) else None
+        if got is None:
+            return f"{section}.name is missing; choose one of: {names}"
+        return f"{section}.name={got!r} is not a known {section}; choose one of: {names}"
+    if kind == "missing":
+        return f"recipe key {path} is required"
+    return f"{path}={err.get('input')!r}: {err['msg'][0].lower() + err['msg'][1:]}"
+
+
+def _allowed_keys(loc: list[str], raw: dict) -> list[str]:
+    cls = Recipe
+    for i, part in enumerate(loc):
+        if part in _TAGGED and cls is Recipe:
+            name = raw.get(part, {}).get("name")
+            entry = _TAGGED[part].get(name)
+            cls = entry[0] if isinstance(entry, tuple) else getattr(entry, "Options", entry)
+            continue
+        ann = cls.model_fields[part].annotation
+        cls = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if cls is None:
+            return []
+    return sorted(cls.model_fields)
+
+
+def dump(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json", exclude={"sweep"}), sort_keys=False)

@@ -1,0 +1,22 @@
+"""Strategy registry: recipe ``strategy.name`` -> module.
+
+A strategy is one module here with
+- ``Options``: a pydantic model (subclass of ``StrategyOptions``) whose ``name`` is a Literal,
+  holding the strategy's own recipe keys and its world-size rules;
+- ``build(options, setup) -> Engine``.
+Heavy libraries (deepspeed, fairscale) are imported inside ``build`` so that reading a recipe
+stays fast. Adding a strategy is one module plus one line in ``_MODULES``.
+"""
+from __future__ import annotations
+
+import importlib
+
+_MODULES = ["single", "ddp", "allreduce"]
+STRATEGIES = {}
+for _m in _MODULES:
+    _mod = importlib.import_module(f"suite.strategies.{_m}")
+    STRATEGIES[_mod.Options.model_fields["name"].default] = _mod
+
+
+def build(options, setup):
+    return STRATEGIES[options.name].build(options, setup)

@@ -1,0 +1,18 @@
+"""The baseline: the whole model on one rank, no communication. Every other strategy's
+per-step losses are checked against this one."""
+from typing import Literal
+
+from suite.strategies.base import ModuleEngine, StrategyOptions, refuse_world_size
+
+
+class Options(StrategyOptions):
+    name: Literal["single"] = "single"
+
+    def check(self, recipe) -> None:
+        if recipe.world_size != 1:
+            refuse_world_size("single", recipe.world_size, "runs on exactly 1 rank",
+                              "set launch.nodes=1 launch.tasks_per_node=1, or use ddp")
+
+
+def build(opts: Options, setup) -> ModuleEngine:
+    return ModuleEngine(setup, setup.build_model().to(setup.ctx.device))

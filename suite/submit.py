@@ -1,0 +1,115 @@
+"""Command line: validate a recipe, launch its run(s) through submitit, follow them, summarise.
+
+    python -m suite.submit RECIPE [key.path=value ...] [--dry-run] [--out DIR] [--executor E] [--no-wait]
+
+Exit codes: 0 every run completed; 1 a run failed; 2 bad input (recipe, world size, data).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from suite.errors import SuiteError
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m suite.submit",
+                                description="Run a recipe (or each point of its sweep) through submitit.")
+    p.add_argument("recipe", help="recipe YAML, e.g. recipes/quickstart.yaml")
+    p.add_argument("overrides", nargs="*", help="key.path=value, e.g. training.epochs=3 strategy.name=single")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the jobs, train nothing")
+    p.add_argument("--out", default="runs", help="folder for run records (default: runs/)")
+    p.add_argument("--executor", choices=["local", "slurm", "debug"], help="overrides launch.executor")
+    p.add_argument("--no-wait", action="store_true", help="return after submitting")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return _main(args)
+    except SuiteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
+    from suite import recipe as recipes
+    from suite.estimate import predicted_held_bytes
+
+    overrides = list(args.overrides) + ([f"launch.executor={args.executor}"] if args.executor else [])
+    points = recipes.load(args.recipe, overrides)
+    estimates = []
+    for r in points:
+        r.data.check_available()
+        estimates.append(predicted_held_bytes(r))  # also builds the model on meta: catches shape errors
+    if args.dry_run:
+        for r, est in zip(points, estimates):
+            print(recipes.dump(r).rstrip())
+            print(_job_line(r))
+            print(_estimate_text(est))
+            print("---")
+        print(f"{len(points)} job(s); nothing launched (--dry-run)")
+        return 0
+    return _run_all(points, Path(args.out), wait=not args.no_wait)
+
+
+def _run_all(points, out: Path, wait: bool) -> int:
+    from suite import launch, tracking
+    from suite.errors import RunFailed
+    from suite.train import new_run_dir
+
+    failures = 0
+    for r in points:
+        run_dir = new_run_dir(r, out)
+        job = launch.submit(r, run_dir)
+        print(f"{_job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
+        if not wait:
+            continue
+        try:
+            launch.follow(job, run_dir, r.training.epochs)
+        except RunFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            failures += 1
+            continue
+        print(summary_text(tracking.read_json(run_dir / "summary.json"), run_dir), flush=True)
+    return 1 if failures else 0
+
+
+def _job_line(r) -> str:
+    l = r.launch
+    return (f"{r.name}: {r.strategy.name} on {l.nodes} node(s) x {l.tasks_per_node} task(s) = world size "
+            f"{r.world_size} ({l.executor}); global batch {r.training.batch_size} = {r.dp_size()} "
+            f"data-parallel rank(s) x {r.micro_batch_size()} x {r.training.grad_accumulation} accumulation")
+
+
+def _mb(n) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _estimate_text(est) -> str:
+    t, p = est["total"], est["per_rank"]
+    keys = ("parameters", "gradients", "optimizer_state")
+    return (f"  predicted bytes ({est['parameters_count']:,} parameters): "
+            + ", ".join(f"{k} {_mb(p[k])} per rank of {_mb(t[k])}" for k in keys))
+
+
+def summary_text(s: dict, run_dir: Path) -> str:
+    final = s.get("final", {})
+    lines = [f"done: {s['name']} ({s['strategy']}, world size {s['world_size']}) in {s['train_time_s']:.1f} s of training",
+             f"  throughput {s['samples_per_s']:.0f} samples/s, median step {1000 * s['step_time_s']:.1f} ms, "
+             f"epoch {sum(s['epoch_time_s']) / len(s['epoch_time_s']):.2f} s (mean)"]
+    if final:
+        lines.append("  final " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    mem = " + ".join(f"{r['peak_memory_bytes'] / 2**30:.2f}" for r in s["ranks"])
+    lines.append(f"  peak memory per rank: {mem} GiB")
+    lines.append(f"run record: {run_dir}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
