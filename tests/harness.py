@@ -1,0 +1,65 @@
+"""Multi-rank tests as a function call: fork ``world_size`` processes with the torch.distributed
+environment set, run a function in each, return their results. A rank that raises fails the
+call with that rank's traceback; a hang fails it after ``timeout_s`` with every process killed.
+
+Fork (not spawn) because starting Python + torch costs ~5 s per process on 2 cores; torch._dynamo
+is imported in the parent so that DDP/FSDP construction does not import it once per child.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+import torch
+import torch._dynamo  # noqa: F401  (imported once, before forking)
+
+from suite.dist import free_port
+
+
+def _child(fn, rank, world_size, port, conn, args, kwargs):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        conn.send(("ok", fn(*args, **kwargs)))
+    except BaseException:  # noqa: BLE001 - every failure goes back to the test
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> list:
+    ctx = mp.get_context("fork")
+    port = free_port()
+    procs, conns = [], []
+    for rank in range(world_size):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_child, args=(fn, rank, world_size, port, child, args, kwargs), daemon=True)
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    results: list = [None] * world_size
+    pending = set(range(world_size))
+    deadline = time.time() + timeout_s
+    try:
+        while pending:
+            if time.time() > deadline:
+                raise AssertionError(f"ranks {sorted(pending)} of {world_size} still running after {timeout_s} s (hang?)")
+            for rank in list(pending):
+                if conns[rank].poll(0.05):
+                    status, value = conns[rank].recv()
+                    if status == "error":
+                        raise AssertionError(f"rank {rank} raised:\n{value}")
+                    results[rank] = value
+                    pending.discard(rank)
+                elif not procs[rank].is_alive() and not conns[rank].poll(0):
+                    raise AssertionError(f"rank {rank} died with exit code {procs[rank].exitcode}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+    return results

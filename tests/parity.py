@@ -1,0 +1,43 @@
+"""The correctness check every strategy must pass: with the same seed, data and global batch,
+its per-step losses equal those of the single-process baseline (fp32: within 1e-5)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from suite import recipe as recipes
+from suite import train
+from suite.tracking import read_metrics
+from tests.harness import run_ranks
+
+TOLERANCE = 1e-5  # fp32, absolute, per step
+
+BASE = {
+    "name": "parity",
+    "model": {"name": "mlp", "hidden": [32, 32]},
+    "data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 512, "n_val": 64},
+    "strategy": {"name": "single"},
+    "optimizer": {"name": "sgd", "lr": 0.2, "momentum": 0.9},
+    "training": {"epochs": 1, "max_steps": 8, "batch_size": 32, "seed": 1, "log_every_steps": 4},
+    "tracking": {"wandb": "disabled"},
+}
+
+
+def make_recipe(strategy: dict, world_size: int = 1, **sections) -> recipes.Recipe:
+    raw = {**BASE, **sections, "strategy": strategy}
+    raw["launch"] = {**raw.get("launch", {}), "tasks_per_node": world_size}
+    return recipes.validate(raw)
+
+
+def step_losses(recipe, run_dir: Path, timeout_s: float = 240) -> list[float]:
+    """Run the recipe on forked ranks; the global loss of each step, as the run record has it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_ranks(train.run, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
+    steps = read_metrics(run_dir, kind="step", rank=0)
+    return [s["global_loss"] for s in sorted(steps, key=lambda s: s["step"])]
+
+
+def assert_matches(losses: list[float], baseline: list[float], tolerance: float = TOLERANCE) -> None:
+    assert len(losses) == len(baseline) >= 5, (len(losses), len(baseline))
+    assert baseline[-1] < baseline[0], "the baseline does not learn: the comparison would prove little"
+    worst = max(abs(a - b) for a, b in zip(losses, baseline))
+    assert worst <= tolerance, f"per-step losses differ from the baseline by up to {worst:.3g}:\n{losses}\n{baseline}"
