@@ -186,6 +186,13 @@ def check(recipe: Recipe) -> None:
         raise SuiteError(
             f"training.batch_size={batch} must divide into {dp} data-parallel ranks x "
             f"{acc} accumulation steps; use a multiple of {dp * acc}")
+    launch = recipe.launch
+    if launch.executor == "local" and launch.nodes != 1:
+        raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "
+                         "set launch.nodes=1, or use launch.executor=slurm")
+    if launch.executor == "debug" and launch.world_size != 1:
+        raise SuiteError(f"launch.executor=debug runs one rank in this process, but the recipe asks for "
+                         f"world size {launch.world_size}; use launch.executor=local, or tasks_per_node=1")
     if recipe.training.precision == "fp16" and recipe.launch.device == "cpu":
         raise SuiteError("training.precision=fp16 needs a GPU; use bf16 on CPU")
 

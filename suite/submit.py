@@ -22,7 +22,7 @@ def parse_args(argv):
     p.add_argument("--out", default="runs", help="folder for run records (default: runs/)")
     p.add_argument("--executor", choices=["local", "slurm", "debug"], help="overrides launch.executor")
     p.add_argument("--no-wait", action="store_true", help="return after submitting")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
 def main(argv=None) -> int:
@@ -35,6 +35,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug of ours: say so in one line, keep the traceback in a file
+        import tempfile
+        import traceback
+
+        with tempfile.NamedTemporaryFile("w", prefix="scalesuite-crash-", suffix=".txt", delete=False) as f:
+            traceback.print_exc(file=f)
+        print(f"error: internal error {type(e).__name__}: {e} (traceback: {f.name}; please report it)",
+              file=sys.stderr)
+        return 1
 
 
 def _main(args) -> int:

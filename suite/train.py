@@ -115,6 +115,17 @@ def _train(recipe, ctx, run_dir: Path) -> None:
         total_steps = min(total_steps, tr.max_steps)
 
     loop = _Loop(ctx, engine, log, tr, total_steps)
+    try:
+        epochs = _epochs(ctx, engine, log, loop, tr, sampler, loader, val_loader, setup.task, total_steps)
+    except BaseException:
+        loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
+        raise
+    _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started)
+    log.close()
+    engine.close()
+
+
+def _epochs(ctx, engine, log, loop, tr, sampler, loader, val_loader, task, total_steps) -> list[dict]:
     epochs = []
     for epoch in range(tr.epochs):
         sampler.set_epoch(epoch)
@@ -122,7 +133,7 @@ def _train(recipe, ctx, run_dir: Path) -> None:
         evaluation = {}
         if tr.eval_every_epochs and ((epoch + 1) % tr.eval_every_epochs == 0
                                      or epoch == tr.epochs - 1 or loop.step >= total_steps):
-            evaluation = _evaluate(ctx, engine, val_loader, setup.task)
+            evaluation = _evaluate(ctx, engine, val_loader, task)
         record = {"epoch": epoch, **train, **evaluation}
         log.log("epoch", **record)
         epochs.append(record)
@@ -130,9 +141,7 @@ def _train(recipe, ctx, run_dir: Path) -> None:
             print(epoch_line(record, tr.epochs), flush=True)
         if loop.step >= total_steps:
             break
-    _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started)
-    log.close()
-    engine.close()
+    return epochs
 
 
 class _Loop:
@@ -158,6 +167,7 @@ class _Loop:
             self.step_times_s.append(watch.elapsed_s)
             self._pending.append((self.step, epoch, result, watch.elapsed_s))
             self.step += 1
+            _maybe_fail(self.ctx.rank, self.step)
             if len(self._pending) >= self.tr.log_every_steps:
                 self._flush()
             if self.step >= self.total_steps:
@@ -174,6 +184,14 @@ class _Loop:
     @property
     def engine_has_accuracy(self):
         return getattr(self.engine, "setup", None) is None or self.engine.setup.task.has_accuracy
+
+    def flush_local(self) -> None:
+        """Write pending steps with this rank's own loss only (used when a run fails)."""
+        for step, epoch, r, step_time_s in self._pending:
+            loss = r.loss.item() if r.loss is not None and r.samples else None
+            self.log.log("step", step=step, epoch=epoch, global_loss=None, loss=loss,
+                         samples=r.samples, step_time_s=step_time_s)
+        self._pending = []
 
     def _flush(self) -> None:
         """One all-reduce for all pending steps: each step's global loss is the sample-weighted
@@ -207,6 +225,13 @@ class _Loop:
             rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
             print(f"step {self.step}/{self.total_steps} loss {self._epoch_losses[-1]:.4f} "
                   f"{rate:.0f} samples/s", flush=True)
+
+
+def _maybe_fail(rank: int, step: int) -> None:
+    """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP."""
+    spec = os.environ.get("SCALESUITE_FAIL_AT")
+    if spec and spec == f"{rank}:{step}":
+        raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")
 
 
 @torch.no_grad()
@@ -287,7 +312,7 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--out", default="runs")
     parser.add_argument("--run-dir", default=None)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         points = recipes.load(args.recipe, args.overrides)
         if len(points) != 1:

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Start a real local Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 1-2 slurmd).
+# Usage: slurm/start.sh [--nodes 1|2]     Idempotent: an already-running cluster is left as is.
+set -eEuo pipefail   # -E: the ERR trap below also fires inside functions
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/lib.sh"
+
+NODES=2
+while [ $# -gt 0 ]; do
+  case $1 in
+    --nodes) NODES=${2:-}; shift 2 ;;
+    --nodes=*) NODES=${1#*=}; shift ;;
+    -h|--help) sed -n '2,3p' "$0"; exit 0 ;;
+    *) echo "start: unknown argument '$1' (accepted: --nodes 1|2)" >&2; exit 2 ;;
+  esac
+done
+case $NODES in 1|2) ;; *) echo "start: --nodes must be 1 or 2, got '$NODES'" >&2; exit 2 ;; esac
+
+mkdir -p "$LOG_DIR"
+LOG=$LOG_DIR/start.log
+echo "=== start.sh --nodes $NODES $(date -Is)" >>"$LOG"
+die() { echo "start: $*; see $LOG and /var/log/slurm/" >&2; exit 1; }
+trap 'die "failed at line $LINENO"' ERR
+t0=$SECONDS
+
+for bin in munged mariadbd slurmdbd slurmctld slurmd sinfo sacctmgr; do
+  command -v "$bin" >/dev/null || die "'$bin' not found: run slurm/install.sh first"
+done
+
+# Run a daemon detached from the caller: new session, no inherited stdio
+# (otherwise `start.sh | tee` waits forever on the pipe the daemon holds open).
+# Usage: detach LOGFILE CMD...  (the slurm daemons and munged keep their own logs too)
+detach() { local out=$1; shift; setsid -f "$@" </dev/null >>"$out" 2>&1; }
+
+# --- config ---------------------------------------------------------------
+node_names=(n1 n2); node_names=("${node_names[@]:0:$NODES}")
+new_conf=$(mktemp); trap 'rm -f "$new_conf"' EXIT
+{
+  sed "s/@CLUSTER@/$CLUSTER/" "$HERE/conf/slurm.conf.in"
+  echo
+  echo "# $NODES node(s) on this host; each slurmd listens on its own port."
+  port=17001
+  for n in "${node_names[@]}"; do
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$port CPUs=2 RealMemory=10000 State=UNKNOWN"
+    port=$((port + 1))
+  done
+  echo "PartitionName=debug Nodes=$(IFS=,; echo "${node_names[*]}") Default=YES MaxTime=INFINITE State=UP"
+} >"$new_conf"
+
+summary() {
+  echo "start: cluster '$CLUSTER' $1: nodes $(sinfo -h -o '%N') in partition debug, $(sinfo -h -o '%C' | cut -d/ -f4) CPUs"
+}
+
+# Already up with this config: nothing to do.
+all_up() {
+  local name pidfile comm n
+  while read -r name pidfile comm; do pid_alive "$pidfile" "$comm" || return 1; done < <(base_daemons)
+  for n in "${node_names[@]}"; do pid_alive "/run/slurmd-$n.pid" slurmd || return 1; done
+  nodes_usable
+}
+if cmp -s "$new_conf" /etc/slurm/slurm.conf && all_up; then
+  summary "already up"; exit 0
+fi
+
+slurm_running() {
+  local f
+  for f in /run/slurmctld.pid /run/slurmd-*.pid; do pid_alive "$f" "$(basename "${f%%-*}" .pid)" && return 0; done
+  return 1
+}
+mkdir -p /etc/slurm
+if ! cmp -s "$new_conf" /etc/slurm/slurm.conf; then
+  # Changing the node set under running daemons leaves them disagreeing: ask for a clean restart.
+  slurm_running && die "cluster is running with a different config (nodes); run slurm/stop.sh first"
+  cp "$new_conf" /etc/slurm/slurm.conf
+fi
+
+# Jobs must resolve node names (submitit uses n1 as MASTER_ADDR): each slurmd gets
+# the host's /etc/hosts plus the node names, bind-mounted in its own mount namespace.
+{ grep -v ' # slurm-local$' /etc/hosts; echo "127.0.0.1 ${node_names[*]} # slurm-local"; } >"$HOSTS_FILE"
+
+[ -s "$DB_PASS_FILE" ] || (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
+(umask 077; sed "s/@DB_PASS@/$(cat "$DB_PASS_FILE")/" "$HERE/conf/slurmdbd.conf.in" >/etc/slurm/slurmdbd.conf)
+
+mkdir -p /var/log/slurm /var/spool/slurmctld /run/munge /run/mysqld
+for n in "${node_names[@]}"; do mkdir -p "/var/spool/slurmd/$n"; done
+chown munge:munge /run/munge; chown mysql:mysql /run/mysqld
+echo "start: config written (/etc/slurm/slurm.conf, $NODES node(s))"
+
+# --- munge ----------------------------------------------------------------
+if [ ! -s /etc/munge/munge.key ]; then
+  mungekey --create --keyfile=/etc/munge/munge.key >>"$LOG" 2>&1
+  chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key
+fi
+pid_alive /run/munge/munged.pid munged || detach "$LOG" runuser -u munge -- munged
+wait_for 15 sh -c 'munge -n | unmunge' || die "munged did not come up (/var/log/munge/munged.log)"
+
+# --- MariaDB (socket only) + accounting database --------------------------
+if ! pid_alive /run/mysqld/mysqld.pid mariadbd; then
+  detach "$LOG_DIR/mariadb.log" mariadbd --user=mysql --skip-networking --pid-file=/run/mysqld/mysqld.pid
+fi
+wait_for 30 mariadb-admin ping || die "MariaDB did not come up ($LOG_DIR/mariadb.log)"
+mariadb >>"$LOG" 2>&1 <<SQL
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$(cat "$DB_PASS_FILE")';
+ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$(cat "$DB_PASS_FILE")';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+SQL
+echo "start: munged, MariaDB up"
+
+# --- slurmdbd + cluster registration --------------------------------------
+pid_alive /run/slurmdbd.pid slurmdbd || detach "$LOG" slurmdbd
+wait_for 30 sacctmgr -n show cluster || die "slurmdbd did not answer (/var/log/slurm/slurmdbd.log)"
+if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
+  sacctmgr -i add cluster "$CLUSTER" >>"$LOG" 2>&1
+fi
+echo "start: slurmdbd up, cluster '$CLUSTER' in accounting"
+
+# --- slurmctld + slurmd(s) ------------------------------------------------
+pid_alive /run/slurmctld.pid slurmctld || detach "$LOG" slurmctld
+wait_for 30 sinfo || die "slurmctld did not answer (/var/log/slurm/slurmctld.log)"
+for n in "${node_names[@]}"; do
+  pid_alive "/run/slurmd-$n.pid" slurmd && continue
+  detach "$LOG" unshare -m --propagation slave \
+    sh -c "mount --bind '$HOSTS_FILE' /etc/hosts && exec slurmd -N '$n'"
+done
+wait_for 60 nodes_usable || { sinfo -N >>"$LOG" 2>&1 || true; die "nodes not idle within 60 s (sinfo -N)"; }
+
+summary "up in $((SECONDS - t0)) s"

@@ -1,0 +1,33 @@
+"""scikit-learn's bundled 8x8 handwritten digits (1,797 images): real data with no download."""
+from typing import Literal
+
+import torch
+from pydantic import confloat
+from torch.utils.data import TensorDataset
+
+from suite.data import DataSpec
+from suite.data.base import DataOptions
+
+
+class Digits(DataOptions):
+    name: Literal["digits"] = "digits"
+    val_fraction: confloat(gt=0, lt=1) = 0.2
+    split_seed: int = 0  # fixed, so runs with different training seeds share one split
+
+    def spec(self) -> DataSpec:
+        return DataSpec(self.name, (1, 8, 8), 10)
+
+    def load(self):
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+        x = (x - 0.3) / 0.4  # roughly standardised
+        y = torch.tensor(bunch.target, dtype=torch.int64)
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(self.split_seed))
+        n_val = int(len(y) * self.val_fraction)
+        val_idx, train_idx = order[:n_val], order[n_val:]
+        return self.limited(TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx]))
+
+
+OPTIONS = [Digits]

@@ -1,0 +1,57 @@
+"""The README's main job, end to end as a user runs it: submitit's local executor, 2 ranks."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from suite.tracking import read_metrics
+
+
+def submit(tmp_path, *args, env=None, timeout=240):
+    return subprocess.run([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "--out", str(tmp_path),
+                           *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def only_run(tmp_path) -> Path:
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def test_quickstart_trains_ddp_on_two_ranks_and_writes_the_run_record(tmp_path):
+    proc = submit(tmp_path, "training.epochs=3")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run(tmp_path)
+    assert f"run record: {run_dir}" in proc.stdout
+    assert "epoch 3/3" in proc.stdout and "samples/s" in proc.stdout
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert (summary["strategy"], summary["world_size"]) == ("ddp", 2)
+    assert summary["samples_per_s"] > 0 and summary["step_time_s"] > 0
+    assert len(summary["epoch_time_s"]) == 3 and len(summary["eval_time_s"]) == 3
+    assert summary["final"]["val_accuracy"] > 0.85  # real digits, 3 epochs
+    for rank in summary["ranks"]:
+        assert rank["peak_memory_bytes"] > 0
+        # 26,122 fp32 parameters in [64-128-128-10]; SGD momentum: one buffer per parameter
+        assert rank["held_bytes"] == {"parameters": 26122 * 4, "gradients": 26122 * 4, "optimizer_state": 26122 * 4}
+    assert (run_dir / "recipe.yaml").read_text().startswith("name: quickstart")
+    steps = read_metrics(run_dir, kind="step")
+    assert {s["rank"] for s in steps} == {0, 1}
+    assert len(read_metrics(run_dir, kind="step", rank=0)) == summary["steps"]
+
+
+def test_a_rank_that_raises_fails_the_job_promptly_with_its_error(tmp_path):
+    started = time.time()
+    proc = submit(tmp_path, "training.epochs=50", env={"SCALESUITE_FAIL_AT": "1:5"}, timeout=120)
+    elapsed = time.time() - started
+    assert proc.returncode == 1
+    assert "rank 1: RuntimeError: injected failure at rank 1, step 5" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 90, f"took {elapsed:.0f} s to report the failure"
+    run_dir = only_run(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["failed_rank"] == 1
+    assert len(read_metrics(run_dir, kind="step", rank=0)) >= 4  # what was logged is kept

@@ -1,0 +1,43 @@
+import pytest
+
+from suite import recipe as recipes
+from suite.errors import SuiteError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = "model: {name: mlp}\ndata: {name: digits}\nstrategy: {name: ddp}\nlaunch: {tasks_per_node: 2}\n"
+
+
+def test_overrides_reach_any_field_with_yaml_types(tmp_path):
+    (r,) = recipes.load(write(tmp_path, BASE), ["training.epochs=3", "model.hidden=[8, 8]", "optimizer.lr=0.5"])
+    assert r.name == "r" and r.training.epochs == 3 and r.model.hidden == [8, 8] and r.optimizer.lr == 0.5
+
+
+def test_sweep_expands_to_one_named_recipe_per_point(tmp_path):
+    text = BASE + "sweep:\n  strategy.name: [ddp, allreduce]\n  training.batch_size: [32, 64]\n"
+    points = recipes.load(write(tmp_path, text))
+    assert [(p.strategy.name, p.training.batch_size) for p in points] == [
+        ("ddp", 32), ("ddp", 64), ("allreduce", 32), ("allreduce", 64)]
+    assert len({p.name for p in points}) == 4
+
+
+def test_fingerprint_ignores_launch_but_not_training(tmp_path):
+    path = write(tmp_path, BASE)
+    (a,), (b,), (c,) = (recipes.load(path), recipes.load(path, ["launch.timeout_min=5"]),
+                        recipes.load(path, ["training.seed=9"]))
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_micro_batch_is_global_batch_over_data_parallel_ranks_and_accumulation(tmp_path):
+    (r,) = recipes.load(write(tmp_path, BASE), ["training.batch_size=64", "training.grad_accumulation=4"])
+    assert (r.dp_size(), r.micro_batch_size()) == (2, 8)
+
+
+def test_a_malformed_override_is_refused(tmp_path):
+    with pytest.raises(SuiteError, match="must look like key.path=value"):
+        recipes.load(write(tmp_path, BASE), ["training.epochs"])
