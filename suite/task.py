@@ -23,12 +23,15 @@ class Task:
     def correct(self, output, targets) -> torch.Tensor:
         if not self.has_accuracy:
             return torch.zeros((), device=output.device)
-        return (output.argmax(-1) == targets).sum().float()
+        right = (output.argmax(-1) == targets).float()
+        # Language: each sequence counts as one sample scored by its fraction of right tokens,
+        # so correct / samples is token accuracy both in training steps and in evaluation.
+        return right.flatten(1).mean(1).sum() if self.kind == "language" else right.sum()
 
     @torch.no_grad()
     def evaluate(self, output, inputs, targets) -> torch.Tensor:
         """[loss_sum, correct, count], summed so that ranks can add theirs."""
-        count = targets.numel() if self.kind == "language" else len(inputs)
+        count = len(inputs)
         loss_sum = self.loss(output, inputs, targets).float() * count
         count_t = torch.tensor(float(count), device=output.device)
         return torch.stack([loss_sum, self.correct(output, targets), count_t])

@@ -11,7 +11,7 @@ import importlib
 
 from suite.data import DataSpec
 
-_MODULES = ["mlp", "cnn", "vgg", "autoencoder"]
+_MODULES = ["mlp", "cnn", "vgg", "autoencoder", "transformer"]
 MODELS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.models.{_m}")
