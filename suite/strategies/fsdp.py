@@ -1,0 +1,89 @@
+"""Fully sharded data parallel with FSDP2 (``fully_shard`` on a device mesh).
+
+Each rank keeps 1/N of every parameter, gradient and optimizer state; a block's full
+parameters are all-gathered just before its forward (and again before its backward) and
+gradients are reduce-scattered after it.
+- ``reshard_after_forward: true``: full sharding (ZeRO-3-like): parameters are freed after
+  each block's forward and gathered again for backward.
+- ``reshard_after_forward: false``: "grad-op" sharding (ZeRO-2-like): the gathered parameters
+  stay from forward to backward, saving one all-gather per block at the cost of memory.
+- ``replicate: R`` (> 1): hybrid sharding (HSDP) on a 2-D mesh: R replicas, each sharded over
+  world/R ranks; gradients are reduce-scattered within a replica then all-reduced across.
+- ``mixed_precision: bf16``: parameters gathered and computed in bf16, gradients reduced in
+  fp32, fp32 master shards updated by the optimizer.
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+from pydantic import PositiveInt
+
+from suite import parallel_dims
+from suite.strategies.base import ModuleEngine, StrategyOptions
+
+
+class Options(StrategyOptions):
+    name: Literal["fsdp"] = "fsdp"
+    reshard_after_forward: bool = True  # false: ZeRO-2-like grad-op sharding
+    replicate: PositiveInt = 1  # hybrid sharding: replicas; each is sharded over world / replicate
+    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+
+    def degrees(self, world_size: int) -> dict[str, int]:
+        return parallel_dims.resolve("fsdp", world_size,
+                                     {"strategy.replicate": self.replicate, "strategy.shard": None})
+
+    def check(self, recipe) -> None:
+        self.degrees(recipe.world_size)
+
+    def held_fraction(self, total: dict, world_size: int) -> dict:
+        shard = self.degrees(world_size)["strategy.shard"]
+        held = {key: value // shard for key, value in total.items()}
+        if not self.reshard_after_forward:
+            # Grad-op: full parameters stay gathered from each block's forward to its backward.
+            held["parameters"] = total["parameters"]
+        return held
+
+
+class FSDPEngine(ModuleEngine):
+    @contextmanager
+    def sync_context(self, last: bool):
+        # Accumulated micro-batches keep unsharded gradients; reduce-scatter on the last one.
+        self.module.set_requires_gradient_sync(last)
+        yield
+
+
+def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) -> torch.nn.Module:
+    """Shard each top-level block, then the root (which takes whatever is left)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.children():
+        if any(p.requires_grad for p in block.parameters()):
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    # A Linear on [B, T, D] returns a view, which FSDP2 warns about in case the caller edits it
+    # in place; the loss (suite.task) only reads the output, so the warning is noise here.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    # The root keeps FSDP's default: its parameters are needed again at once for backward.
+    return fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+
+
+def mixed_precision_policy(name: str):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if name == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def build(opts: Options, setup) -> FSDPEngine:
+    ctx = setup.ctx
+    degrees = opts.degrees(ctx.world_size)
+    if opts.replicate == 1:  # plain FSDP: a 1-D mesh over every rank
+        degrees = {"strategy.shard": degrees["strategy.shard"]}
+    mesh = parallel_dims.device_mesh(ctx, degrees)
+    model = setup.build_model().to(ctx.device)
+    model = shard(model, mesh, opts.reshard_after_forward, mixed_precision_policy(opts.mixed_precision))
+    # Every rank reads its own samples: replicas and shards alike are data-parallel.
+    return FSDPEngine(setup, model, dp_rank=ctx.rank, dp_size=ctx.world_size)

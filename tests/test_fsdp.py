@@ -1,0 +1,82 @@
+"""FSDP2 (full, grad-op and hybrid sharding) trains exactly like one process, and full sharding
+at world size 2 holds half of the parameters, gradients and optimizer state on each rank."""
+import math
+
+import pytest
+
+from suite.errors import SuiteError
+from suite.estimate import predicted_held_bytes
+from suite.strategies import fsdp
+from suite.tracking import read_json
+from tests.parity import BASE, assert_matches, make_recipe, step_losses
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    return step_losses(make_recipe({"name": "single"}), run_dir), read_json(run_dir / "summary.json")
+
+
+@pytest.fixture(scope="module")
+def full_sharding(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("fsdp")
+    recipe = make_recipe({"name": "fsdp"}, world_size=2)
+    return recipe, step_losses(recipe, run_dir), read_json(run_dir / "summary.json")
+
+
+def test_full_sharding_matches_single_process_at_world_size_2(full_sharding, baseline):
+    assert_matches(full_sharding[1], baseline[0])
+
+
+def test_grad_op_sharding_matches_single_process_at_world_size_2(baseline, tmp_path):
+    recipe = make_recipe({"name": "fsdp", "reshard_after_forward": False}, world_size=2)
+    assert_matches(step_losses(recipe, tmp_path), baseline[0])
+
+
+def test_gradient_accumulation_matches_single_process(baseline, tmp_path):
+    recipe = make_recipe({"name": "fsdp"}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})
+    assert_matches(step_losses(recipe, tmp_path), baseline[0])
+
+
+def test_hybrid_sharding_2x2_matches_single_process_at_world_size_4(baseline, tmp_path):
+    recipe = make_recipe({"name": "fsdp", "replicate": 2}, world_size=4)
+    assert_matches(step_losses(recipe, tmp_path), baseline[0])
+
+
+def test_full_sharding_holds_half_of_everything_per_rank_at_world_size_2(full_sharding, baseline):
+    recipe, _, summary = full_sharding
+    whole = baseline[1]["ranks"][0]["held_bytes"]
+    predicted = predicted_held_bytes(recipe)["per_rank"]
+    for rank in summary["ranks"]:
+        for kind in ("parameters", "gradients", "optimizer_state"):
+            assert whole[kind] > 0
+            assert math.isclose(rank["held_bytes"][kind], whole[kind] / 2, rel_tol=0.02), (kind, rank, whole)
+            assert math.isclose(rank["held_bytes"][kind], predicted[kind], rel_tol=0.02), (kind, rank, predicted)
+
+
+def test_the_comparison_catches_gradients_that_are_never_reduced(baseline, tmp_path, monkeypatch):
+    """Break the strategy on purpose (each rank steps on its own gradients): parity must fail."""
+    def never_sync(self, last):
+        self.module.set_requires_gradient_sync(False)
+        yield
+
+    monkeypatch.setattr(fsdp.FSDPEngine, "sync_context", fsdp.contextmanager(never_sync))
+    losses = step_losses(make_recipe({"name": "fsdp"}, world_size=2), tmp_path)
+    with pytest.raises(AssertionError, match="differ from the baseline"):
+        assert_matches(losses, baseline[0])
+
+
+def test_bf16_mixed_precision_runs_and_learns(tmp_path):
+    """Smoke test only: bf16 is not held to the fp32 tolerance."""
+    losses = step_losses(make_recipe({"name": "fsdp", "mixed_precision": "bf16"}, world_size=2), tmp_path)
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("strategy, world_size, key", [
+    ({"name": "fsdp", "replicate": 3}, 4, "strategy.replicate=3"),
+    ({"name": "fsdp", "replicate": 4}, 2, "strategy.replicate=4"),
+])
+def test_bad_degrees_give_one_clear_line(strategy, world_size, key):
+    with pytest.raises(SuiteError) as err:
+        make_recipe(strategy, world_size=world_size)
+    assert key in str(err.value) and "world size" in str(err.value) and "\n" not in str(err.value)
