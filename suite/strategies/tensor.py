@@ -1,0 +1,111 @@
+"""Tensor parallelism with DTensor (``parallelize_module``), optionally x data parallelism.
+
+Within a tensor-parallel group every rank sees the same full batch and holds a slice of each
+split layer: a column-wise layer computes a slice of its outputs, the row-wise layer after it
+turns those into partial sums of its outputs, all-reduced into the full result. Layers outside
+the plan (embeddings, norms, the output head) stay replicated.
+
+``dp: D`` (> 1) builds a 2-D mesh (dp x tp): each tensor-parallel group then reads its own
+data shard, and the dp dimension is sharded with FSDP2 ``fully_shard``, which composes with
+DTensor (DDP does not: it fails on DTensor parameters).
+
+A model gets tensor parallelism by having a plan here: one short function from the model to
+``{module path: ColwiseParallel() | RowwiseParallel()}``, refusing degrees it cannot split by.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+from pydantic import PositiveInt
+
+from suite import parallel_dims
+from suite.errors import SuiteError
+from suite.strategies import fsdp
+from suite.strategies.base import ModuleEngine, StrategyOptions
+
+
+def _require_divisible(what: str, value: int, tp: int) -> None:
+    if value % tp:
+        raise SuiteError(f"strategy.tp={tp} must divide {what}={value} (tensor parallelism splits it "
+                         f"evenly); choose a tp that divides {value}")
+
+
+def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
+    """Linear layers in pairs: column-wise then row-wise (the ReLU between acts on slices).
+    An unpaired last layer (the classifier) stays replicated."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    plan = {}
+    for (first, layer), (second, _) in zip(linears[0:-1:2], linears[1::2]):
+        _require_divisible("model.hidden width", layer.out_features, tp)
+        plan[first], plan[second] = ColwiseParallel(), RowwiseParallel()
+    return plan
+
+
+def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
+    """Per block: attention q/k/v column-wise (each rank computes heads/tp whole heads) and out
+    row-wise; MLP up column-wise, down row-wise. Embedding and head stay replicated."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from suite.models.transformer import Block
+
+    plan = {}
+    for index, block in model.named_children():
+        if not isinstance(block, Block):
+            continue
+        attention = block.attention
+        _require_divisible("model.heads", attention.q.out_features // attention.head_dim, tp)
+        for name in ("attention.q", "attention.k", "attention.v", "mlp.up"):
+            plan[f"{index}.{name}"] = ColwiseParallel()
+        for name in ("attention.out", "mlp.down"):
+            plan[f"{index}.{name}"] = RowwiseParallel()
+    return plan
+
+
+PLANS = {"mlp": mlp_plan, "transformer": transformer_plan}
+
+
+class Options(StrategyOptions):
+    name: Literal["tensor"] = "tensor"
+    dp: PositiveInt = 1  # data-parallel degree (FSDP2 over the dp mesh dimension)
+    tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp
+
+    def degrees(self, world_size: int) -> dict[str, int]:
+        return parallel_dims.resolve("tensor", world_size, {"strategy.dp": self.dp, "strategy.tp": self.tp})
+
+    def dp_size(self, world_size: int) -> int:
+        return self.dp
+
+    def check(self, recipe) -> None:
+        tp = self.degrees(recipe.world_size)["strategy.tp"]
+        plan = PLANS.get(recipe.model.name)
+        if plan is None:
+            raise SuiteError(f"strategy tensor has plans for models {', '.join(PLANS)}, not "
+                             f"model.name={recipe.model.name!r}; use one of those, or fsdp/ddp")
+        from suite.models import build as build_model
+
+        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+            plan(build_model(recipe.model, recipe.data.spec()), tp)
+
+    def held_fraction(self, total: dict, world_size: int) -> dict:
+        # A lower bound: the layers left out of the plan are held in full by every tp rank.
+        return {key: value // world_size for key, value in total.items()}
+
+
+def build(opts: Options, setup) -> ModuleEngine:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    ctx = setup.ctx
+    mesh = parallel_dims.device_mesh(ctx, opts.degrees(ctx.world_size))
+    model = setup.build_model().to(ctx.device)
+    plan = PLANS[setup.model_name]
+    # Order as in torchtitan: tensor parallel first, then FSDP over the data-parallel dimension.
+    parallelize_module(model, mesh["tp"], plan(model, mesh["tp"].size()))
+    dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    if dp_size == 1:
+        return ModuleEngine(setup, model, dp_rank=0, dp_size=1)
+    model = fsdp.shard(model, mesh["dp"], reshard_after_forward=True,
+                       mp_policy=fsdp.mixed_precision_policy("fp32"))
+    return fsdp.FSDPEngine(setup, model, dp_rank=dp_rank, dp_size=dp_size)
