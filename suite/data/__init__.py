@@ -18,9 +18,10 @@ class DataSpec:
     input_shape: tuple[int, ...]
     num_classes: int
     input_dtype: str = "float32"  # "int64" for token ids
+    tokens_per_sample: int | None = None  # sequence data: tokens one sample trains on (tokens/s)
 
 
-_MODULES = ["synthetic", "digits", "vision"]
+_MODULES = ["synthetic", "digits", "vision", "tokens"]
 DATASETS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.data.{_m}")
