@@ -34,6 +34,7 @@ class Setup:
     micro_batch_size: int = 1  # samples per rank per micro-batch
     seed: int = 0
     run_dir: Optional[str] = None
+    model_name: str = ""  # recipe model.name: strategies with per-model plans (tensor) look it up
 
     def autocast(self):
         if self.precision == "fp32":

@@ -2,6 +2,7 @@
 
 - step_time_s: wall time of one optimizer step on one rank (device synchronised on GPU).
 - samples_per_s: global training samples / wall time spent in training steps (eval excluded).
+- tokens_per_s: samples_per_s x tokens per sample (sequence data only: DataSpec.tokens_per_sample).
 - epoch_time_s: wall time of one epoch's training steps on rank 0 (eval excluded).
 - eval_time_s: wall time of one full pass over the validation set.
 - peak_memory_bytes: on GPU, the CUDA allocator's peak allocated bytes; on CPU, the process's
@@ -57,6 +58,12 @@ class Stopwatch:
     def __exit__(self, *exc):
         self.ctx.synchronize()
         self.elapsed_s = time.perf_counter() - self._t0
+
+
+def tokens_per_s(samples: int, seconds: float, tokens_per_sample: int | None) -> float | None:
+    if not tokens_per_sample or not seconds:
+        return None
+    return samples * tokens_per_sample / seconds
 
 
 def median(values) -> float | None:

@@ -86,7 +86,7 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
     return Setup(ctx=ctx, build_model=model_factory, make_optimizer=make_optimizer,
                  task=Task(MODELS[recipe.model.name][0].task), precision=tr.precision,
                  grad_accumulation=tr.grad_accumulation, micro_batch_size=recipe.micro_batch_size(),
-                 seed=tr.seed, run_dir=str(run_dir) if run_dir else None)
+                 seed=tr.seed, run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
 
 def _train(recipe, ctx, run_dir: Path) -> None:
@@ -291,6 +291,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started) -> None:
         "epochs": len(epochs),
         "samples": loop.samples,
         "samples_per_s": loop.samples / loop.train_time_s if loop.train_time_s else None,
+        "tokens_per_s": metrics.tokens_per_s(loop.samples, loop.train_time_s, recipe.data.spec().tokens_per_sample),
         "step_time_s": metrics.median(r["step_time_s"] for r in ranks if r["step_time_s"] is not None),
         "epoch_time_s": [e["epoch_time_s"] for e in epochs],
         "eval_time_s": evals,
