@@ -74,5 +74,10 @@ class Engine:
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
+    def extra_metrics(self) -> dict:
+        """Strategy-specific numbers for this rank's entry in the run summary (e.g. a pipeline
+        stage's measured bubble fraction); JSON-serialisable, {} when there are none."""
+        return {}
+
     def close(self) -> None:
         pass

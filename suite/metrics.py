@@ -7,6 +7,8 @@
 - eval_time_s: wall time of one full pass over the validation set.
 - peak_memory_bytes: on GPU, the CUDA allocator's peak allocated bytes; on CPU, the process's
   peak resident set size (which includes the Python runtime and libraries).
+- bubble_fraction: share of a pipeline stage's schedule wall time spent not computing (waiting for
+  neighbours): 1 - busy_s / wall_s, per rank; compare with (stages-1)/(micro_batches+stages-1).
 - held_bytes: exact bytes (numel x element size) of the parameters, gradients and optimizer
   state tensors the rank holds; for sharded tensors, only the local shard.
 """
@@ -64,6 +66,11 @@ def tokens_per_s(samples: int, seconds: float, tokens_per_sample: int | None) ->
     if not tokens_per_sample or not seconds:
         return None
     return samples * tokens_per_sample / seconds
+
+
+def bubble_fraction(busy_s: float, wall_s: float) -> float:
+    """Idle share of a pipeline stage's wall time (see the module docstring)."""
+    return max(0.0, 1.0 - busy_s / wall_s) if wall_s > 0 else 0.0
 
 
 def median(values) -> float | None:

@@ -263,7 +263,7 @@ def epoch_line(rec: dict, epochs: int) -> str:
 def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started) -> None:
     mine = {"rank": ctx.rank, "peak_memory_bytes": metrics.peak_memory_bytes(ctx.device),
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
-            "device": str(ctx.device)}
+            "device": str(ctx.device), "strategy_metrics": engine.extra_metrics()}
     ranks = [None] * ctx.world_size
     if ctx.world_size > 1:
         dist.all_gather_object(ranks, mine)

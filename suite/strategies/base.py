@@ -72,8 +72,12 @@ class ModuleEngine(Engine):
         self.reduce_gradients()
         self._gradient_bytes = self.gradient_bytes()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         return StepResult(loss=total, samples=len(inputs), correct=correct)
+
+    def zero_grad(self) -> None:
+        """Clear gradients after the step (a wrapper that keeps its own grad buffers overrides this)."""
+        self.optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):

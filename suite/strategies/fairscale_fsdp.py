@@ -1,0 +1,25 @@
+"""fairscale's FullyShardedDataParallel: refused, with the reason and what to use instead.
+
+On CPU it cannot run on current torch: it needs CUDA ("Found no NVIDIA driver"; with
+``compute_device=cpu`` it fails with ``KeyError: 'all_gather'``), see notes/torch-parallel-cpu.md.
+It is untested here on GPUs and superseded by torch's own FSDP (strategy ``fsdp``), which shards
+parameters, gradients and optimizer state the same way and runs on CPU and GPU.
+"""
+from typing import Literal
+
+from suite.errors import SuiteError
+from suite.strategies.base import StrategyOptions
+
+
+class Options(StrategyOptions):
+    name: Literal["fairscale_fsdp"] = "fairscale_fsdp"
+
+    def check(self, recipe) -> None:
+        raise SuiteError("strategy.name=fairscale_fsdp is not supported: fairscale's FullyShardedDataParallel "
+                         "needs CUDA and fails on current torch without it (no NVIDIA driver; with "
+                         "compute_device=cpu: KeyError 'all_gather'); use strategy.name=fsdp (torch FSDP2, "
+                         "same sharding, CPU and GPU)")
+
+
+def build(opts: Options, setup):
+    Options.check(opts, None)

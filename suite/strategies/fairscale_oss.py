@@ -1,0 +1,85 @@
+"""fairscale's OSS optimizer: optimizer state sharded over the data-parallel ranks (ZeRO-1).
+Each rank steps only the parameters it owns, then owners broadcast the new values.
+
+``gradients`` chooses how gradients are combined:
+- ``ddp`` (default): torch DDP all-reduces them; every rank holds every gradient.
+- ``sharded_ddp``: fairscale ShardedDataParallel reduces each gradient to its owner only (ZeRO-2).
+  On current torch it trains WRONG if gradients are cleared with ``set_to_none=True`` (torch's
+  default): its grad buckets are not cleared and accumulate across steps (notes/torch-parallel-cpu.md).
+  This engine clears through ShardedDataParallel.zero_grad(set_to_none=False); a test proves
+  both the fix and the failure.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from suite.metrics import optimizer_state_bytes
+from suite.strategies.base import ModuleEngine, StrategyOptions
+
+
+class Options(StrategyOptions):
+    name: Literal["oss"] = "oss"
+    gradients: Literal["ddp", "sharded_ddp"] = "ddp"
+
+    def held_fraction(self, total: dict, world_size: int) -> dict:
+        out = dict(total)
+        out["optimizer_state"] = total["optimizer_state"] // world_size
+        if self.gradients == "sharded_ddp":
+            out["gradients"] = total["gradients"] // world_size
+        return out
+
+
+class OSSEngine(ModuleEngine):
+    def sync_context(self, last: bool):
+        return super().sync_context(last) if last else self.module.no_sync()
+
+    def zero_grad(self) -> None:
+        if self.sharded_grads:
+            # In place, through the wrapper: it also clears its reduce buckets.
+            self.module.zero_grad(set_to_none=False)
+        else:
+            super().zero_grad()
+
+    def held_bytes(self) -> dict:
+        held = super().held_bytes()
+        held["optimizer_state"] = optimizer_state_bytes(self.optimizer.optim)  # this rank's shard
+        return held
+
+    def state_dict(self) -> dict:
+        """Collective: every rank must call it; the full optimizer state is gathered on rank 0."""
+        self.optimizer.consolidate_state_dict(recipient_rank=0)
+        optim = self.optimizer.state_dict() if self.setup.ctx.rank == 0 else None
+        return {"model": self.module.module.state_dict(), "optimizer": optim}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def sharded_optimizer(setup, params):
+    """fairscale OSS around the recipe's optimizer: OSS wants the class and its settings, so
+    read them from the optimizer the recipe would build."""
+    from fairscale.optim import OSS
+
+    probe = setup.make_optimizer([torch.nn.Parameter(torch.zeros(1))])
+    return OSS(params, optim=type(probe), **probe.defaults)
+
+
+def build(opts: Options, setup) -> OSSEngine:
+    from torch.nn.parallel import DistributedDataParallel
+
+    ctx = setup.ctx
+    model = setup.build_model().to(ctx.device)
+    if opts.gradients == "ddp":
+        module = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        optimizer = sharded_optimizer(setup, module.parameters())
+    else:
+        from fairscale.nn.data_parallel import ShardedDataParallel
+        optimizer = sharded_optimizer(setup, model.parameters())
+        module = ShardedDataParallel(model, optimizer)
+    engine = OSSEngine(setup, module, dp_rank=ctx.rank, dp_size=ctx.world_size)
+    engine.optimizer = optimizer  # replaces the plain one ModuleEngine made (it holds no state yet)
+    engine.sharded_grads = opts.gradients == "sharded_ddp"
+    return engine

@@ -1,0 +1,50 @@
+"""fairscale's Pipe in one process: the model's blocks are cut into ``len(balance)`` partitions on
+the devices this rank drives (``launch.devices_per_task``) and every batch is split into
+``micro_batches`` chunks that flow through them (GPipe; fairscale runs partitions on worker
+threads). On CPU the devices must be named explicitly (all ``cpu``): fairscale otherwise
+assumes CUDA. For pipelines across ranks use strategy ``pipeline``.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import PositiveInt
+
+from suite.errors import SuiteError
+from suite.strategies.base import StrategyOptions, refuse_world_size
+from suite.strategies.layer_split import SplitEngine
+from suite.strategies.splitting import check_recipe_split, resolve_split
+
+
+class Options(StrategyOptions):
+    name: Literal["fairscale_pipe"] = "fairscale_pipe"
+    micro_batches: PositiveInt = 4  # fairscale's `chunks`
+    split_at: Optional[list[int]] = None  # block indices where partitions 2.. start; default: balanced
+    # Recompute activations in backward: fairscale's default keeps the last micro-batch's.
+    checkpoint: Literal["always", "except_last", "never"] = "except_last"
+
+    def check(self, recipe) -> None:
+        if recipe.world_size != 1:
+            refuse_world_size("fairscale_pipe", recipe.world_size, "runs in one process",
+                              "set launch.tasks_per_node=1, or use strategy.name=pipeline across ranks")
+        parts = recipe.launch.devices_per_task
+        if parts < 2:
+            raise SuiteError(f"strategy fairscale_pipe puts one partition on each of launch.devices_per_task "
+                             f"devices, but launch.devices_per_task={parts}; set it to 2 or more (on CPU "
+                             f"they are all the cpu)")
+        micro = recipe.training.batch_size // recipe.training.grad_accumulation
+        if micro % self.micro_batches:
+            raise SuiteError(f"strategy.micro_batches={self.micro_batches} must divide the batch of each "
+                             f"accumulation step ({micro}); choose a divisor of {micro}")
+        check_recipe_split(recipe, self.split_at, parts)
+
+
+def build(opts: Options, setup) -> SplitEngine:
+    from fairscale.nn import Pipe
+
+    devices = list(setup.ctx.devices)
+    model = setup.build_model()
+    starts = [0, *resolve_split(opts.split_at, model, len(devices)), len(model)]
+    balance = [b - a for a, b in zip(starts, starts[1:])]
+    pipe = Pipe(model, balance=balance, devices=devices, chunks=opts.micro_batches, checkpoint=opts.checkpoint)
+    return SplitEngine(setup, pipe, devices[0])

@@ -1,0 +1,211 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``: the model's top-level blocks are
+cut into ``stages`` parts, one per rank of a pipeline group, and every batch is split into
+``micro_batches`` that flow through the stages (schedule ``gpipe``: all forwards, then all
+backwards; ``1f1b``: one forward, one backward in the steady state, so fewer activations live).
+
+With ``dp`` > 1 the world is a 2-D mesh (dp x stages; ranks of one pipeline are neighbours) and
+each stage is data-parallel over its dp group with FSDP2 ``fully_shard`` or the FSDP2-based
+``replicate``, never DDP: DDP + pipelining trains WRONG on current torch (notes/torch-parallel-cpu.md).
+
+The loss exists only on the last stage; other stages report no loss (samples 0), so the loop's
+sample-weighted global loss stays exact. Each rank measures its idle ("bubble") fraction:
+1 - (time inside its stage's forward/backward) / (wall time of the schedule), reported next to
+the textbook (K-1)/(M+K-1) for K stages and M micro-batches.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Literal, Optional
+
+import torch
+import torch.distributed as dist
+from pydantic import PositiveInt
+
+from suite import metrics
+from suite.engine import StepResult
+from suite.errors import SuiteError
+from suite.parallel_dims import device_mesh, resolve
+from suite.strategies.base import ModuleEngine, StrategyOptions
+from suite.strategies.splitting import check_recipe_split, cut, resolve_split
+
+
+class Options(StrategyOptions):
+    name: Literal["pipeline"] = "pipeline"
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    stages: Optional[PositiveInt] = None  # pipeline degree; default: world size / dp
+    dp: Optional[PositiveInt] = None  # data-parallel degree; default: 1, or world size / stages
+    micro_batches: PositiveInt = 4  # per optimizer step and data-parallel rank
+    split_at: Optional[list[int]] = None  # block indices where stages 2.. start; default: balanced
+    dp_mode: Literal["fully_shard", "replicate"] = "fully_shard"  # how a stage is data-parallel
+
+    def degrees(self, world_size: int) -> dict[str, int]:
+        dp = self.dp if (self.dp or self.stages) else 1
+        return resolve("pipeline", world_size, {"strategy.dp": dp, "strategy.stages": self.stages})
+
+    def dp_size(self, world_size: int) -> int:
+        return self.degrees(world_size)["strategy.dp"]
+
+    def check(self, recipe) -> None:
+        degrees = self.degrees(recipe.world_size)
+        stages, dp = degrees["strategy.stages"], degrees["strategy.dp"]
+        if stages < 2:
+            raise SuiteError(f"strategy pipeline needs strategy.stages >= 2, but it is {stages} at world size "
+                             f"{recipe.world_size} with strategy.dp={dp}; lower dp, add ranks, or use fsdp/ddp")
+        tr = recipe.training
+        if tr.grad_accumulation != 1:
+            raise SuiteError(f"training.grad_accumulation={tr.grad_accumulation}: strategy pipeline already "
+                             f"accumulates over strategy.micro_batches; set grad_accumulation=1 and raise "
+                             f"micro_batches instead")
+        per_rank = tr.batch_size // dp
+        if per_rank % self.micro_batches:
+            raise SuiteError(f"strategy.micro_batches={self.micro_batches} must divide the batch of each "
+                             f"data-parallel rank ({tr.batch_size} / dp {dp} = {per_rank}); "
+                             f"choose a divisor of {per_rank}")
+        check_recipe_split(recipe, self.split_at, stages)
+
+    def held_fraction(self, total: dict, world_size: int) -> dict:
+        d = self.degrees(world_size)
+        share = d["strategy.stages"] * (d["strategy.dp"] if self.dp_mode == "fully_shard" else 1)
+        return {k: v // share for k, v in total.items()}  # balanced stages: about 1/stages each
+
+
+def bubble_formula(stages: int, micro_batches: int) -> float:
+    """Idle fraction of GPipe/1F1B with equal stage times and free communication."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def _timed_stage_class():
+    from torch.distributed.pipelining import PipelineStage
+
+    class TimedStage(PipelineStage):
+        """A PipelineStage that adds up the time spent computing (not waiting for neighbours)."""
+        busy_s = 0.0
+
+        def _timed(self, method, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.synchronize()
+                self.busy_s += time.perf_counter() - t0
+
+        def forward_one_chunk(self, *args, **kwargs):
+            return self._timed(super().forward_one_chunk, *args, **kwargs)
+
+        def backward_one_chunk(self, *args, **kwargs):
+            return self._timed(super().backward_one_chunk, *args, **kwargs)
+
+        def backward_weight_one_chunk(self, *args, **kwargs):
+            return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
+
+    return TimedStage
+
+
+class PipelineEngine(ModuleEngine):
+    def __init__(self, setup, module, stage, schedule, pp_group, dp_rank, dp_size):
+        super().__init__(setup, module, dp_rank, dp_size)
+        self.stage, self.schedule, self.pp_group = stage, schedule, pp_group
+        self.stages = stage.num_stages
+        self.micro_batches = schedule._n_microbatches
+        self.bubble_fractions: list[float] = []
+        self.busy_s: list[float] = []
+
+    def train_step(self, inputs, targets):
+        self.module.train()
+        stage, losses = self.stage, []
+        stage.synchronize()
+        stage.busy_s, t0 = 0.0, time.perf_counter()
+        with self.setup.autocast():
+            args = (inputs,) if stage.is_first else ()
+            kwargs = {"target": self._loss_target(inputs, targets), "losses": losses} if stage.is_last else {}
+            output = self.schedule.step(*args, **kwargs)
+        stage.synchronize()
+        wall_s = time.perf_counter() - t0
+        self.bubble_fractions.append(metrics.bubble_fraction(stage.busy_s, wall_s))
+        self.busy_s.append(stage.busy_s)
+        self._gradient_bytes = self.gradient_bytes()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if not stage.is_last:
+            return StepResult(loss=None, samples=0)
+        loss = torch.stack([l.detach().float() for l in losses]).mean()  # equal micro-batches
+        return StepResult(loss=loss, samples=len(inputs), correct=self.setup.task.correct(output, targets))
+
+    def _loss_target(self, inputs, targets):
+        return inputs if self.setup.task.kind == "reconstruction" else targets
+
+    @torch.no_grad()
+    def eval_step(self, inputs, targets):
+        """The whole batch through the stages with plain sends (eval batches vary in size, and
+        the schedule's buffers are shaped for training micro-batches)."""
+        self.module.eval()
+        stage = self.stage
+        x = inputs if stage.is_first else self._recv(stage.stage_index - 1)
+        with self.setup.autocast():
+            out = self.module(x)
+        if not stage.is_last:
+            self._send(out, stage.stage_index + 1)
+            return None
+        return self.setup.task.evaluate(out, inputs, targets)
+
+    def _peer(self, stage_index):
+        return dist.get_global_rank(self.pp_group, stage_index)
+
+    def _send(self, tensor, stage_index):
+        tensor = tensor.detach().float().contiguous()
+        header = torch.zeros(9, dtype=torch.int64, device=tensor.device)
+        header[0] = tensor.dim()
+        header[1:1 + tensor.dim()] = torch.tensor(tensor.shape)
+        dist.send(header, self._peer(stage_index), group=self.pp_group)
+        dist.send(tensor, self._peer(stage_index), group=self.pp_group)
+
+    def _recv(self, stage_index):
+        header = torch.zeros(9, dtype=torch.int64, device=self.setup.ctx.device)
+        dist.recv(header, self._peer(stage_index), group=self.pp_group)
+        shape = header[1:1 + int(header[0])].tolist()
+        tensor = torch.empty(shape, dtype=torch.float32, device=self.setup.ctx.device)
+        dist.recv(tensor, self._peer(stage_index), group=self.pp_group)
+        return tensor
+
+    def extra_metrics(self) -> dict:
+        # The first step also infers shapes and allocates buffers: leave it out when we can.
+        fractions = self.bubble_fractions[1:] or self.bubble_fractions
+        busy = self.busy_s[1:] or self.busy_s
+        return {"stage": self.stage.stage_index, "stages": self.stages, "micro_batches": self.micro_batches,
+                "schedule": self.schedule.__class__.__name__,
+                "bubble_fraction": statistics.median(fractions) if fractions else None,
+                "bubble_fraction_formula": bubble_formula(self.stages, self.micro_batches),
+                "stage_busy_s": statistics.median(busy) if busy else None}
+
+
+def build(opts: Options, setup) -> PipelineEngine:
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    ctx = setup.ctx
+    degrees = opts.degrees(ctx.world_size)
+    stages, dp = degrees["strategy.stages"], degrees["strategy.dp"]
+    mesh = device_mesh(ctx, degrees)  # dims ("dp", "stages"): a pipeline's ranks are neighbours
+    pp_group, stage_index = mesh.get_group("stages"), mesh.get_local_rank("stages")
+    model = setup.build_model()
+    module = cut(model, resolve_split(opts.split_at, model, stages))[stage_index].to(ctx.device)
+    if dp > 1:
+        _data_parallel(module, mesh["dp"], opts.dp_mode)
+    stage = _timed_stage_class()(module, stage_index, stages, ctx.device, group=pp_group)
+    stage.synchronize = ctx.synchronize
+    task = setup.task
+    schedule_cls = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
+    # scale_grads (default) divides by micro_batches: the gradient of the batch mean loss.
+    schedule = schedule_cls(stage, n_microbatches=opts.micro_batches,
+                            loss_fn=lambda out, target: task.loss(out, target, target))
+    return PipelineEngine(setup, module, stage, schedule, pp_group,
+                          dp_rank=mesh.get_local_rank("dp"), dp_size=dp)
+
+
+def _data_parallel(module, dp_mesh, mode: str) -> None:
+    if mode == "fully_shard":
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(module, mesh=dp_mesh)
+    else:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+        replicate(module, mesh=dp_mesh)

@@ -1,0 +1,77 @@
+"""Where model-parallel strategies cut a model: between its top-level blocks.
+
+Every suite model is an ``nn.Sequential`` of coarse blocks. A split is a list of block indices
+(recipe key ``strategy.split_at``) where a new part starts: ``[3]`` cuts a 6-block model into
+blocks 0-2 and 3-5. Left out, the cut balances the parts' parameter counts (the largest part
+as small as it can be), which is what bounds a pipeline's speed and a device's memory.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from suite.errors import SuiteError
+
+
+def parameter_counts(model: nn.Sequential) -> list[int]:
+    """Parameters of each top-level block."""
+    return [sum(p.numel() for p in block.parameters()) for block in model]
+
+
+def balanced_split(counts: list[int], parts: int) -> list[int]:
+    """Start indices of parts 1.. that minimise the largest part's parameter count.
+
+    Dynamic programming over contiguous partitions (models have ~10 blocks: cheap)."""
+    n = len(counts)
+    prefix = [0]
+    for c in counts:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[k][i]: smallest possible largest part when blocks 0..i-1 form k parts; cut[k][i]: last start
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0
+    for k in range(1, parts + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cost < best[k][i]:
+                    best[k][i], cut[k][i] = cost, j
+    starts, i = [], n
+    for k in range(parts, 1, -1):
+        i = cut[k][i]
+        starts.append(i)
+    return sorted(starts)
+
+
+def resolve_split(split_at: list[int] | None, model: nn.Sequential, parts: int,
+                  key: str = "strategy.split_at") -> list[int]:
+    """The recipe's split checked against the model, or a balanced one if it gave none."""
+    n = len(model)
+    if parts > n:
+        raise SuiteError(f"the model has {n} top-level blocks, too few for {parts} parts; "
+                         f"use fewer parts or a deeper model")
+    if split_at is None:
+        return balanced_split(parameter_counts(model), parts)
+    ok = (len(split_at) == parts - 1 and all(0 < s < n for s in split_at)
+          and all(a < b for a, b in zip(split_at, split_at[1:])))
+    if not ok:
+        raise SuiteError(f"{key}={split_at} must list {parts - 1} increasing block indices between 1 and "
+                         f"{n - 1} (where parts 2..{parts} start; the model has {n} top-level blocks), "
+                         f"or be left out to balance the parts by parameter count")
+    return list(split_at)
+
+
+def cut(model: nn.Sequential, split_at: list[int]) -> list[nn.Sequential]:
+    """The model's blocks as consecutive parts (the blocks are shared, not copied)."""
+    bounds = [0, *split_at, len(model)]
+    return [model[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def check_recipe_split(recipe, split_at, parts: int) -> None:
+    """Recipe-time check of ``split_at`` against the model, built on the meta device (no memory)."""
+    from suite.models import build as build_model
+
+    with torch.device("meta"):
+        model = build_model(recipe.model, recipe.data.spec())
+    resolve_split(split_at, model, parts)

@@ -1,0 +1,63 @@
+"""fairscale where it still works on current torch: OSS (+ DDP, or + ShardedDDP with gradients
+cleared in place) and Pipe in one process train exactly like one process; FSDP is refused."""
+import json
+
+import pytest
+
+from suite.errors import SuiteError
+from suite.strategies import fairscale_oss
+from tests.parity import BASE, assert_matches, make_recipe, step_losses
+
+TWO_DEVICES = {"launch": {"devices_per_task": 2}}
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
+
+
+@pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
+def test_oss_matches_single_process_at_world_size_2(gradients, baseline, tmp_path):
+    recipe = make_recipe({"name": "oss", "gradients": gradients}, world_size=2)
+    assert_matches(step_losses(recipe, tmp_path), baseline)
+
+
+@pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
+def test_oss_with_gradient_accumulation_matches_single_process(gradients, baseline, tmp_path):
+    recipe = make_recipe({"name": "oss", "gradients": gradients}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})
+    assert_matches(step_losses(recipe, tmp_path), baseline)
+
+
+def test_oss_holds_half_the_optimizer_state_at_world_size_2(tmp_path):
+    step_losses(make_recipe({"name": "oss"}, world_size=2), tmp_path)
+    held = [r["held_bytes"] for r in json.loads((tmp_path / "summary.json").read_text())["ranks"]]
+    params = held[0]["parameters"]  # SGD momentum: one state element per parameter element
+    assert all(h["optimizer_state"] < 0.8 * params for h in held)
+    assert sum(h["optimizer_state"] for h in held) == params
+
+
+def test_sharded_ddp_with_grads_set_to_none_is_wrong(baseline, tmp_path, monkeypatch):
+    """Why the engine clears in place: torch's default set_to_none leaves fairscale's buckets full."""
+    monkeypatch.setattr(fairscale_oss.OSSEngine, "zero_grad", lambda self: self.optimizer.zero_grad(set_to_none=True))
+    losses = step_losses(make_recipe({"name": "oss", "gradients": "sharded_ddp"}, world_size=2), tmp_path)
+    with pytest.raises(AssertionError, match="differ from the baseline"):
+        assert_matches(losses, baseline)
+
+
+@pytest.mark.parametrize("checkpoint", ["except_last", "never"])
+def test_pipe_in_one_process_matches_single_process(checkpoint, baseline, tmp_path):
+    recipe = make_recipe({"name": "fairscale_pipe", "micro_batches": 4, "checkpoint": checkpoint}, **TWO_DEVICES)
+    assert_matches(step_losses(recipe, tmp_path), baseline)
+
+
+@pytest.mark.parametrize("strategy, world, launch, fragment", [
+    ({"name": "fairscale_fsdp"}, 2, {}, "use strategy.name=fsdp"),
+    ({"name": "fairscale_pipe"}, 2, TWO_DEVICES["launch"], "strategy fairscale_pipe runs in one process"),
+    ({"name": "fairscale_pipe"}, 1, {}, "launch.devices_per_task=1; set it to 2"),
+    ({"name": "fairscale_pipe", "micro_batches": 3}, 1, TWO_DEVICES["launch"], "strategy.micro_batches=3 must divide"),
+    ({"name": "oss", "gradients": "zero3"}, 2, {}, "strategy.gradients='zero3'"),
+])
+def test_unsupported_settings_give_one_clear_line(strategy, world, launch, fragment):
+    with pytest.raises(SuiteError) as err:
+        make_recipe(strategy, world_size=world, launch=launch)
+    assert fragment in str(err.value) and "\n" not in str(err.value)

@@ -1,0 +1,96 @@
+"""Pipeline parallelism (torch.distributed.pipelining) trains exactly like one process: GPipe and
+1F1B with 2 stages x 4 micro-batches, VGG11 and the MLP, and data x pipeline on a 2x2 mesh."""
+import json
+
+import pytest
+
+from suite.errors import SuiteError
+from suite.strategies.pipeline import bubble_formula
+from suite.strategies.splitting import balanced_split
+from tests.parity import BASE, assert_matches, make_recipe, step_losses
+
+VGG = {"model": {"name": "vgg11", "width": 0.125, "classifier_hidden": 32},
+       "data": {"name": "synthetic", "shape": [3, 32, 32], "classes": 10, "n_train": 256, "n_val": 32},
+       "training": {**BASE["training"], "max_steps": 6, "batch_size": 16},
+       "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}}
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
+
+
+@pytest.fixture(scope="module")
+def vgg_baseline(tmp_path_factory):
+    return step_losses(make_recipe({"name": "single"}, **VGG), tmp_path_factory.mktemp("vgg-single"))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_mlp_pipeline_matches_single_process(schedule, baseline, tmp_path):
+    recipe = make_recipe({"name": "pipeline", "schedule": schedule, "micro_batches": 4}, world_size=2)
+    assert_matches(step_losses(recipe, tmp_path), baseline)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_vgg11_pipeline_matches_single_process(schedule, vgg_baseline, tmp_path):
+    recipe = make_recipe({"name": "pipeline", "schedule": schedule, "micro_batches": 4}, world_size=2, **VGG)
+    assert_matches(step_losses(recipe, tmp_path), vgg_baseline)
+
+
+def test_split_points_from_the_recipe_match_too(baseline, tmp_path):
+    recipe = make_recipe({"name": "pipeline", "split_at": [3]}, world_size=2)
+    assert_matches(step_losses(recipe, tmp_path), baseline)
+
+
+@pytest.mark.parametrize("dp_mode", ["fully_shard", "replicate"])
+def test_data_x_pipeline_on_a_2x2_mesh_matches_single_process(dp_mode, baseline, tmp_path):
+    recipe = make_recipe({"name": "pipeline", "dp": 2, "stages": 2, "dp_mode": dp_mode}, world_size=4)
+    assert recipe.dp_size() == 2
+    assert_matches(step_losses(recipe, tmp_path), baseline)
+
+
+def test_each_stage_records_its_measured_bubble_next_to_the_formula(tmp_path):
+    recipe = make_recipe({"name": "pipeline", "micro_batches": 4}, world_size=2)
+    step_losses(recipe, tmp_path)
+    ranks = json.loads((tmp_path / "summary.json").read_text())["ranks"]
+    for rank in ranks:
+        m = rank["strategy_metrics"]
+        assert m["stage"] == rank["rank"] and m["stages"] == 2 and m["micro_batches"] == 4
+        assert m["bubble_fraction_formula"] == pytest.approx(1 / 5)
+        assert 0.0 <= m["bubble_fraction"] < 1.0 and m["stage_busy_s"] > 0
+
+
+def test_the_textbook_bubble():
+    assert bubble_formula(2, 4) == pytest.approx(0.2)
+    assert bubble_formula(4, 1) == pytest.approx(0.75)
+
+
+def test_balanced_split_minimises_the_largest_stage():
+    assert balanced_split([1, 1, 1, 1], 2) == [2]
+    assert balanced_split([0, 100, 10, 10, 80], 2) == [2]  # 100 | 100
+    assert balanced_split([5, 5, 5, 5, 5, 5], 3) == [2, 4]
+
+
+@pytest.mark.parametrize("strategy, world, fragment", [
+    ({"name": "pipeline", "dp": 3}, 4, "strategy.dp=3 x strategy.stages=? does not fit world size 4"),
+    ({"name": "pipeline", "stages": 3}, 4, "strategy.dp=? x strategy.stages=3 does not fit world size 4"),
+    ({"name": "pipeline", "dp": 2, "stages": 1}, 2, "strategy pipeline needs strategy.stages >= 2"),
+    ({"name": "pipeline", "micro_batches": 5}, 2, "strategy.micro_batches=5 must divide"),
+    ({"name": "pipeline", "split_at": [9]}, 2, "strategy.split_at=[9] must list 1 increasing block indices"),
+    ({"name": "pipeline", "stages": 8}, 8, "too few for 8 parts"),
+])
+def test_bad_degrees_give_one_clear_line(strategy, world, fragment):
+    with pytest.raises(SuiteError) as err:
+        make_recipe(strategy, world_size=world)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_comparison_catches_unscaled_micro_batch_gradients(baseline, tmp_path, monkeypatch):
+    """Break the pipeline on purpose (gradients summed over micro-batches, not averaged)."""
+    from torch.distributed.pipelining import ScheduleGPipe
+
+    init = ScheduleGPipe.__init__
+    monkeypatch.setattr(ScheduleGPipe, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "scale_grads": False}))
+    losses = step_losses(make_recipe({"name": "pipeline"}, world_size=2), tmp_path)
+    with pytest.raises(AssertionError, match="differ from the baseline"):
+        assert_matches(losses, baseline)
