@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite import dist as sdist
-from suite import metrics, recipe as recipes, strategies, tracking
+from suite import measures, metrics, recipe as recipes, strategies, tracking
 from suite.engine import Setup
 from suite.errors import SuiteError
 from suite.models import MODELS, build as build_model
@@ -99,7 +99,7 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     train_set, val_set = recipe.data.load()
     setup = make_setup(recipe, ctx, run_dir)
     engine = strategies.build(recipe.strategy, setup)
-    log = tracking.MetricsLog(run_dir, ctx.rank)
+    log = measures.open_log(recipe, ctx, run_dir)  # run record + W&B + utilisation sampler
 
     per_rank_batch = tr.batch_size // engine.dp_size
     sampler = DistributedSampler(train_set, num_replicas=engine.dp_size, rank=engine.dp_rank,
@@ -264,11 +264,13 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started) -> None:
     mine = {"rank": ctx.rank, "peak_memory_bytes": metrics.peak_memory_bytes(ctx.device),
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics()}
+    mine.update(measures.rank_fields(recipe, ctx, loop))  # utilisation, throughput, device
     ranks = [None] * ctx.world_size
     if ctx.world_size > 1:
         dist.all_gather_object(ranks, mine)
     else:
         ranks = [mine]
+    run_level = measures.run_fields(recipe, ctx, loop, ranks)  # FLOPs, MFU; W&B summaries
     if not ctx.is_main:
         return
     last = epochs[-1] if epochs else {}
@@ -302,6 +304,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started) -> None:
         "started_at": started,
         "finished_at": time.time(),
         "torch": torch.__version__,
+        **run_level,
     }
     tracking.write_json_atomic(run_dir / "summary.json", summary)
 

@@ -1,0 +1,128 @@
+"""Compare runs: ``python -m analysis.report RUNS... --out DIR [--target-accuracy A] [--target-loss L]``
+
+RUNS are run folders or folders holding them at any depth (e.g. runs copied from several
+machines into one place). Writes ``DIR/report.html`` with PNG plots under ``DIR/plots/``,
+Markdown tables in ``DIR/tables.md`` and CSV tables (raw numbers) beside them. Runs that
+cannot be compared are listed with the reason and skipped. Never imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+from pathlib import Path
+
+import yaml
+
+from analysis import plots, render, tables, wandb_runs
+from analysis.runs import load_all
+
+DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
+
+THROUGHPUT = {"strategy": "strategy", "world_size": "world size", "global_batch": "global batch",
+              "runs": "runs", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "speedup": "speed-up",
+              "scaling_efficiency": "scaling efficiency", "utilisation": "mean utilisation",
+              "peak_memory": "peak memory per rank", "held": "held bytes per rank",
+              "achieved_flops_per_s": "achieved FLOP/s", "mfu": "MFU"}
+TARGET = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size", "run_id": "run",
+          "metric": "metric", "target": "target", "reached": "reached", "epochs": "epochs", "time_s": "time (s)"}
+VERDICT = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size",
+           "accuracy": "accuracy", "loss": "loss", "time": "time per epoch"}
+COST = {"strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
+        "devices": "devices", "wall_time_s": "wall time (s)", "device_hours": "device-hours",
+        "price_per_device_hour": "price / device-hour", "cost": "cost", "currency": "currency"}
+WANDB = {"run_id": "run", "name": "W&B run", "group": "group", "history_rows": "history rows",
+         "matches_record": "steps match record", "system_samples": "system samples",
+         "cpu_percent_mean": "cpu % mean", "rss_mb_peak": "RSS peak (MB)"}
+SKIPPED = {"path": "run folder", "reason": "why skipped"}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="run folders, or folders that hold them")
+    p.add_argument("--out", required=True, help="folder for report.html, plots, CSV and Markdown tables")
+    p.add_argument("--target-accuracy", type=float, help="report time/epochs to reach this accuracy")
+    p.add_argument("--target-loss", type=float, help="report time/epochs to reach this loss")
+    p.add_argument("--prices", default=str(DEFAULT_PRICES), help="price table (default: analysis/prices.yaml)")
+    p.add_argument("--no-wandb", action="store_true", help="do not read the offline W&B runs (~1 s per rank)")
+    return p.parse_args(argv)
+
+
+def wandb_rows(runs) -> list[dict]:
+    """One row per rank's offline W&B run, checked against the run record."""
+    rows = []
+    for run in runs:
+        for d in wandb_runs.run_dirs(run.path):
+            row = {"run_id": run.run_id}
+            try:
+                info = wandb_runs.read(d)
+            except Exception as e:  # noqa: BLE001 - an unreadable W&B run is reported, not fatal
+                rows.append({**row, "name": d.name, "group": f"unreadable: {e}"})
+                continue
+            rank = int(info["name"].rsplit("-rank", 1)[1]) if info["name"] and "-rank" in info["name"] else None
+            mine = [{k: s.get(k) for k in ("step", "global_loss")} for s in run.steps.get(rank, [])]
+            theirs = [{k: s.get(k) for k in ("step", "global_loss")} for s in wandb_runs.step_metrics(info)]
+            rows.append({**row, "name": info["name"], "group": info["group"], "history_rows": len(info["history"]),
+                         "matches_record": mine == theirs, **wandb_runs.system_summary(info)})
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    runs, skipped = load_all(args.runs)
+    for s in skipped:
+        print(f"skipped {s.path}: {s.reason}", file=sys.stderr)
+    prices = yaml.safe_load(Path(args.prices).read_text()) or {}
+
+    configs = tables.configs(runs)
+    throughput = tables.throughput_rows(configs)
+    for row in throughput:
+        row["peak_memory"] = render.per_rank_bytes(row["peak_memory_bytes_per_rank"])
+        row["held"] = render.per_rank_bytes(row["held_bytes_per_rank"])
+        if row["utilisation_percent"] is not None:
+            row["utilisation"] = f"{row['utilisation_percent']:.0f} % {row['utilisation_device']}"
+    targets = tables.time_to_target_rows(runs, args.target_accuracy, args.target_loss)
+    verdicts = tables.verdict_rows(configs)
+    costs = tables.cost_rows(runs, prices)
+    wandb = [] if args.no_wandb else wandb_rows(runs)
+    run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "strategy": r.strategy,
+                 "world_size": r.world_size, "samples_per_s": r.summary["samples_per_s"],
+                 "train_time_s": r.summary.get("train_time_s"), "epochs": r.summary.get("epochs"),
+                 **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]
+
+    render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation")] if throughput else None)
+    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("cost", costs), ("runs", run_rows),
+                       ("wandb", wandb), ("skipped", [{"path": str(s.path), "reason": s.reason} for s in skipped])):
+        render.write_csv(out / f"{name}.csv", rows)
+
+    md, sections = [f"# scalesuite report\n\n{len(runs)} run(s) compared, {len(skipped)} skipped.\n"], []
+    for model, rows in tables.by_model(throughput).items():
+        png = plots.throughput_bars(model, rows, out / "plots" / f"throughput-{model}.png")
+        md.append(f"## Throughput and memory: {model}\n\n" + render.markdown(rows, THROUGHPUT))
+        sections.append((f"Throughput and memory: {model}", render.html_table(rows, THROUGHPUT)
+                         + f"<img src='plots/{png.name}'>"))
+    by_experiment: dict = {}
+    for r in runs:
+        by_experiment.setdefault(r.experiment, []).append(r)
+    for experiment, members in by_experiment.items():
+        png = plots.experiment_curves(experiment, members, out / "plots" / f"curves-{experiment}.png")
+        md.append(f"## Curves: {experiment}\n\n![curves](plots/{png.name})\n")
+        sections.append((f"Curves per epoch: {experiment}", f"<img src='plots/{png.name}'>"))
+    for title, rows, cols, note in (
+            ("Time to target", targets, TARGET, "" if targets else "Give --target-accuracy or --target-loss."),
+            ("Verdicts against the baseline (strategy single, same experiment)", verdicts, VERDICT, tables.NOISE_RULE),
+            ("Cost", costs, COST, f"Prices from {args.prices}; device-hours = devices x wall time."),
+            ("W&B offline runs", wandb, WANDB, "Read with `python -m wandb leet inspect --json`."),
+            ("Skipped runs", [{"path": str(s.path), "reason": s.reason} for s in skipped], SKIPPED, "")):
+        md.append(f"## {title}\n\n{note}\n\n" + render.markdown(rows, cols))
+        sections.append((title, (f"<p>{html.escape(note)}</p>" if note else "") + render.html_table(rows, cols)))
+    (out / "tables.md").write_text("\n".join(md))
+    (out / "report.html").write_text(render.html_page("scalesuite report", sections))
+    print(f"report: {out / 'report.html'} ({len(runs)} run(s), {len(skipped)} skipped)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Find and read run records (``summary.json``, ``metrics.jsonl``, ``recipe.yaml``); never torch.
+
+A folder may hold runs copied from several machines, at any depth. A run that cannot be
+compared is *skipped* with a reason, never a crash: no or corrupt ``summary.json``, a status
+other than completed, a missing or truncated ``metrics.jsonl``, an unreadable recipe, or a
+``recipe_fingerprint`` that differs from the other runs of its group (same recipe name,
+strategy and world size: repeats of one configuration must have trained the same thing).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+RECORD_FILES = ("summary.json", "metrics.jsonl", "recipe.yaml")
+_NEEDED = ("strategy", "model", "world_size", "global_batch", "samples_per_s", "epoch_time_s", "ranks")
+
+
+@dataclass
+class Skipped:
+    path: Path
+    reason: str
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: dict
+    recipe: dict
+    epochs: dict = field(default_factory=dict)  # rank -> epoch records, in order
+    steps: dict = field(default_factory=dict)  # rank -> step records, in order
+    utilisation: dict = field(default_factory=dict)  # rank -> sampler readings
+
+    @property
+    def run_id(self) -> str:
+        return self.summary.get("run_id") or self.path.name
+
+    @property
+    def strategy(self) -> str:
+        return self.summary["strategy"]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.summary["world_size"])
+
+    @property
+    def label(self) -> str:
+        """How plots and tables name the configuration: strategy and world size."""
+        return f"{self.strategy} x{self.world_size}"
+
+    @property
+    def experiment(self) -> str:
+        """Runs with equal model, data, optimizer and training sections train the same problem
+        at the same global batch; only strategy and world size differ between them."""
+        part = {k: self.recipe.get(k) for k in ("model", "data", "optimizer", "training")}
+        part["training"] = {k: v for k, v in (part["training"] or {}).items() if k != "log_every_steps"}
+        digest = hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return f"{self.summary['model']}-{self.summary.get('data', '?')}-b{self.summary['global_batch']}-{digest}"
+
+
+def find_run_dirs(paths) -> list[Path]:
+    """Every folder under ``paths`` holding one of the record files (W&B/submitit folders excluded)."""
+    found = set()
+    for root in map(Path, paths):
+        if not root.exists():
+            continue
+        candidates = [root] + [p for p in root.rglob("*") if p.is_dir()]
+        for d in candidates:
+            if {"wandb", "submitit", "errors"} & set(d.relative_to(root).parts):
+                continue
+            if any((d / f).exists() for f in RECORD_FILES):
+                found.add(d.resolve())
+    return sorted(found)
+
+
+def load(path: Path) -> Run | Skipped:
+    path = Path(path)
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except FileNotFoundError:
+        return Skipped(path, "no summary.json (incomplete copy, or a run that never started)")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return Skipped(path, f"summary.json is corrupt ({e})")
+    if not isinstance(summary, dict):
+        return Skipped(path, "summary.json is not a JSON object")
+    status = summary.get("status")
+    if status != "completed":
+        why = f": {summary['error']}" if summary.get("error") else ""
+        return Skipped(path, f"incomplete: status is {status!r}, not 'completed'{why}")
+    missing = [k for k in _NEEDED if summary.get(k) is None]
+    if missing:
+        return Skipped(path, f"summary.json lacks {', '.join(missing)}")
+    try:
+        recipe = yaml.safe_load((path / "recipe.yaml").read_text())
+    except FileNotFoundError:
+        return Skipped(path, "no recipe.yaml")
+    except yaml.YAMLError as e:
+        return Skipped(path, f"recipe.yaml is corrupt ({str(e).splitlines()[0]})")
+    run = Run(path, summary, recipe if isinstance(recipe, dict) else {})
+    torn = _read_metrics(run)
+    epochs0 = run.epochs.get(0, [])
+    if not epochs0 or not run.steps.get(0):
+        return Skipped(path, "missing metrics: metrics.jsonl has no step or epoch records of rank 0")
+    expected = len(summary["epoch_time_s"])
+    if len(epochs0) != expected or len(run.steps[0]) != summary.get("steps", len(run.steps[0])):
+        return Skipped(path, f"missing metrics: metrics.jsonl has {len(epochs0)} epoch and {len(run.steps[0])} "
+                             f"step records of rank 0, summary.json says {expected} and {summary.get('steps')}"
+                             f"{f' ({torn} unreadable lines: truncated?)' if torn else ''}")
+    return run
+
+
+def _read_metrics(run: Run) -> int:
+    """Fill run.epochs/steps/utilisation from metrics.jsonl; returns the number of unreadable lines."""
+    path = run.path / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    torn = 0
+    by_kind = {"epoch": run.epochs, "step": run.steps, "utilisation": run.utilisation}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            torn += 1
+            continue
+        target = by_kind.get(rec.get("kind")) if isinstance(rec, dict) else None
+        if target is not None:
+            target.setdefault(int(rec.get("rank", 0)), []).append(rec)
+    for rank, steps in run.steps.items():
+        steps.sort(key=lambda s: s.get("step", 0))
+    return torn
+
+
+def load_all(paths) -> tuple[list[Run], list[Skipped]]:
+    """Every run under ``paths``: the comparable ones, and the skipped ones with reasons."""
+    runs, skipped = [], []
+    for d in find_run_dirs(paths):
+        item = load(d)
+        (runs if isinstance(item, Run) else skipped).append(item)
+    groups = defaultdict(list)
+    for r in runs:
+        groups[(r.summary.get("name"), r.strategy, r.world_size)].append(r)
+    kept = []
+    for (name, strategy, world), members in groups.items():
+        members.sort(key=lambda r: r.run_id)
+        counts = Counter(r.summary.get("recipe_fingerprint") for r in members)
+        # The most common fingerprint wins; on a tie, the earliest run's.
+        best = max(counts, key=lambda fp: (counts[fp], -[r.summary.get("recipe_fingerprint") for r in members].index(fp)))
+        for r in members:
+            if r.summary.get("recipe_fingerprint") == best:
+                kept.append(r)
+            else:
+                skipped.append(Skipped(r.path, f"different recipe: recipe_fingerprint {r.summary.get('recipe_fingerprint')} "
+                                               f"but {counts[best]} other run(s) of {name} ({strategy} x{world}) have {best}"))
+    return sorted(kept, key=lambda r: (r.experiment, r.world_size, r.strategy, r.run_id)), skipped

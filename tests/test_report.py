@@ -1,0 +1,139 @@
+"""The comparison report on small real runs: its numbers are the run records' numbers, bad runs
+are skipped with a reason, and analysis never imports torch."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from analysis import render, tables
+from suite import train
+from suite.tracking import read_json, read_metrics
+from tests.parity import make_recipe, step_losses
+
+SMALL = {"data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 128, "n_val": 64},
+         "training": {"epochs": 2, "batch_size": 32, "seed": 1, "log_every_steps": 4}}
+
+
+def _run(strategy, world, out):
+    recipe = make_recipe({"name": strategy}, world, **SMALL)
+    run_dir = train.new_run_dir(recipe, out)
+    step_losses(recipe, run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """single x1 from 'machine a', ddp x2 from 'machine b', and broken copies beside them."""
+    root = tmp_path_factory.mktemp("runs")
+    single = _run("single", 1, root / "machine_a")
+    ddp = _run("ddp", 2, root / "machine_b")
+    bad = root / "machine_c"
+    shutil.copytree(single, bad / "single-copy")  # a repeat: kept
+    shutil.copytree(single, bad / "other-recipe")
+    s = read_json(single / "summary.json")
+    (bad / "other-recipe" / "summary.json").write_text(json.dumps({**s, "recipe_fingerprint": "000000000000"}))
+    shutil.copytree(ddp, bad / "truncated")
+    text = (ddp / "metrics.jsonl").read_text()
+    (bad / "truncated" / "metrics.jsonl").write_text(text[: len(text) // 2])
+    shutil.copytree(ddp, bad / "corrupt")
+    (bad / "corrupt" / "summary.json").write_text('{"status": "compl')
+    shutil.copytree(ddp, bad / "running")
+    (bad / "running" / "summary.json").write_text(json.dumps({"status": "running", "name": "parity"}))
+    shutil.copytree(ddp, bad / "no-metrics")
+    (bad / "no-metrics" / "metrics.jsonl").unlink()
+    return root, single, ddp
+
+
+@pytest.fixture(scope="module")
+def report(runs, tmp_path_factory):
+    root, single, _ = runs
+    out = tmp_path_factory.mktemp("report")
+    target = read_json(single / "summary.json")["final"]["val_accuracy"]
+    # Run the CLI's main in a fresh interpreter and prove it never imported torch.
+    code = ("import sys; from analysis import report; rc = report.main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 'analysis imported torch'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, str(root), "--out", str(out),
+                           "--target-accuracy", str(target)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def _csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_writes_html_with_plots_and_tables(report):
+    out, _ = report
+    page = (out / "report.html").read_text()
+    images = [p.split("'")[0] for p in page.split("<img src='")[1:]]
+    assert len(images) >= 2
+    for image in images:
+        assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("throughput", "time_to_target", "verdicts", "cost", "runs", "skipped"):
+        assert (out / f"{name}.csv").exists()
+    assert "Throughput and memory: mlp" in (out / "tables.md").read_text()
+
+
+def test_throughput_table_numbers_are_the_run_records(runs, report):
+    _, single, ddp = runs
+    out, _ = report
+    s1, s2 = read_json(single / "summary.json"), read_json(ddp / "summary.json")
+    rows = {r["strategy"]: r for r in _csv(out / "throughput.csv")}
+    assert float(rows["single"]["samples_per_s"]) == s1["samples_per_s"]
+    assert rows["single"]["runs"] == "2"  # the copy from machine c counts as a repeat
+    assert float(rows["ddp"]["samples_per_s"]) == s2["samples_per_s"]
+    speedup = s2["samples_per_s"] / s1["samples_per_s"]
+    assert float(rows["ddp"]["speedup"]) == pytest.approx(speedup, rel=1e-12)
+    assert float(rows["ddp"]["scaling_efficiency"]) == pytest.approx(speedup / 2, rel=1e-12)
+    assert [float(x) for x in rows["ddp"]["peak_memory_bytes_per_rank"].split(";")] == \
+        [r["peak_memory_bytes"] for r in s2["ranks"]]
+    assert [float(x) for x in rows["ddp"]["held_bytes_per_rank"].split(";")] == \
+        [sum(r["held_bytes"].values()) for r in s2["ranks"]]
+    md = (out / "tables.md").read_text()
+    assert render.per_rank_bytes([r["peak_memory_bytes"] for r in s2["ranks"]]) in md
+    util = sum(r["cpu_percent_mean"] for r in s2["ranks"]) / 2
+    assert float(rows["ddp"]["utilisation_percent"]) == pytest.approx(util, rel=1e-12)
+
+
+def test_time_to_target_and_verdicts_follow_the_records(runs, report):
+    _, single, ddp = runs
+    out, _ = report
+    target = read_json(single / "summary.json")["final"]["val_accuracy"]
+    for row in _csv(out / "time_to_target.csv"):
+        run = single if row["strategy"] == "single" else ddp
+        epochs = read_metrics(run, kind="epoch", rank=0)
+        first = next(e for e in epochs if e["val_accuracy"] >= target)
+        assert int(row["epochs"]) == first["epoch"] + 1
+        assert float(row["time_s"]) == pytest.approx(sum(e["epoch_time_s"] for e in epochs[: first["epoch"] + 1]))
+    verdicts = {r["strategy"]: r for r in _csv(out / "verdicts.csv")}
+    # ddp matches the baseline step for step (tests/test_data_parallel.py): accuracy and loss unchanged
+    assert verdicts["ddp"]["accuracy"] == "unchanged" and verdicts["ddp"]["loss"] == "unchanged"
+    assert verdicts["ddp"]["time"] in ("better", "unchanged", "worse")
+
+
+def test_broken_runs_are_skipped_with_their_reason_not_a_crash(report):
+    out, proc = report
+    reasons = {r["path"].rsplit("/", 1)[1]: r["reason"] for r in _csv(out / "skipped.csv")}
+    assert set(reasons) == {"other-recipe", "truncated", "corrupt", "running", "no-metrics"}
+    assert "different recipe" in reasons["other-recipe"]
+    assert reasons["truncated"].startswith("missing metrics")
+    assert "corrupt" in reasons["corrupt"]
+    assert reasons["running"].startswith("incomplete")
+    assert reasons["no-metrics"].startswith("missing metrics")
+    assert proc.stderr.count("skipped ") == 5
+    assert "Skipped runs" in (out / "report.html").read_text()
+
+
+def test_verdict_rule():
+    assert tables.verdict("accuracy", [0.90], [0.80])[0] == "better"
+    assert tables.verdict("accuracy", [0.802], [0.80])[0] == "unchanged"  # within the 0.005 floor
+    assert tables.verdict("loss", [1.004], [1.0])[0] == "unchanged"  # within 1%
+    assert tables.verdict("time", [1.2], [1.0])[0] == "worse"
+    # repeats widen the band: 2 x the standard error of the difference
+    assert tables.verdict("time", [1.0, 1.4], [1.0, 1.0])[0] == "unchanged"

@@ -1,0 +1,120 @@
+"""Tracking: offline W&B per rank, the utilisation sampler, throughput, FLOPs and MFU."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis import wandb_runs
+from suite import flops, metrics, train, wandb_sink
+from suite.sampler import CpuProbe, UtilisationSampler
+from suite.tracking import read_json, read_metrics
+from tests.harness import run_ranks
+from tests.parity import make_recipe, step_losses
+
+MLP_B32_FLOPS = 2 * 32 * (64 * 32 + 32 * 32 + 32 * 10) * 3 - 2 * 32 * 64 * 32  # no grad for the input
+
+
+def _records(run_dir, kind, rank):
+    return [{k: v for k, v in r.items() if k not in ("kind", "rank")} for r in read_metrics(run_dir, kind, rank)]
+
+
+def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metrics(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.chdir(tmp_path)  # W&B must write into the run folder, not ./wandb
+    recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "offline", "sample_interval_s": 0.2})
+    run_dir = train.new_run_dir(recipe, tmp_path / "runs")
+    step_losses(recipe, run_dir)
+
+    infos = sorted((wandb_runs.read(d) for d in wandb_runs.run_dirs(run_dir)), key=lambda i: i["name"])
+    assert [i["name"] for i in infos] == [f"{run_dir.name}-rank0", f"{run_dir.name}-rank1"]
+    assert {i["group"] for i in infos} == {run_dir.name}
+    for rank, info in enumerate(infos):
+        assert info["config"]["strategy"] == recipe.model_dump(mode="json")["strategy"]
+        assert info["config"]["training"]["batch_size"] == 32
+        steps = _records(run_dir, "step", rank)
+        assert len(steps) == 8 and wandb_runs.step_metrics(info) == steps
+        epochs = [{k[6:]: v for k, v in row.items() if k.startswith("epoch/")} for row in info["history"]]
+        assert [e for e in epochs if e] == _records(run_dir, "epoch", rank)
+        assert wandb_runs.system_summary(info)["rss_mb_peak"] > 0, "W&B sampled system metrics"
+    assert not (tmp_path / "wandb").exists()
+
+    summary = read_json(run_dir / "summary.json")
+    for r in summary["ranks"]:
+        assert r["wandb_mode"] == "offline" and r["utilisation_device"] == "cpu"
+        assert r["utilisation_samples"] >= 1 and r["cpu_percent_peak"] >= r["cpu_percent_mean"] >= 0
+        assert r["rss_bytes_peak"] >= r["rss_bytes_mean"] > 0
+        # per rank: the samples of its half of the data over its own training time
+        assert r["samples_per_s"] == pytest.approx(summary["samples"] / 2 / r["train_time_s"])
+    assert summary["samples_per_s"] == pytest.approx(summary["samples"] / summary["train_time_s"])
+    assert summary["flops_per_step"] == MLP_B32_FLOPS
+    assert summary["achieved_flops_per_s"] == pytest.approx(MLP_B32_FLOPS * 8 / summary["train_time_s"])
+    assert "mfu" not in summary, "on CPU MFU is left out unless tracking.peak_flops_per_s is set"
+
+
+def test_a_configured_peak_gives_mfu(tmp_path):
+    recipe = make_recipe({"name": "single"}, tracking={"wandb": "disabled", "peak_flops_per_s": 1e9})
+    step_losses(recipe, tmp_path)
+    s = read_json(tmp_path / "summary.json")
+    assert s["peak_flops_per_s"] == 1e9
+    assert s["mfu"] == pytest.approx(s["achieved_flops_per_s"] / 1e9)
+
+
+def test_flops_of_one_step_equal_the_hand_count_and_the_peak_table_knows_gpu_names():
+    assert flops.train_step_flops(make_recipe({"name": "single"})) == MLP_B32_FLOPS
+    assert flops.peak_flops_per_s("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert flops.peak_flops_per_s("NVIDIA H100 PCIe", "fp32") == 51e12
+    assert flops.peak_flops_per_s("cpu", "fp32") is None
+    assert metrics.mfu(50e12, 100e12, 2) == 0.25
+
+
+def test_sampler_reads_a_busy_process_and_stops_promptly():
+    sampler = UtilisationSampler(CpuProbe(), 0.05, log=None).start()
+    end = time.time() + 0.6
+    while time.time() < end:
+        sum(i * i for i in range(1000))  # keep this process busy
+    t0 = time.time()
+    out = sampler.stop()
+    assert time.time() - t0 < 1.0
+    assert out["utilisation_samples"] >= 3
+    assert out["cpu_percent_peak"] > 10 and out["cpu_percent_peak"] >= out["cpu_percent_mean"]
+    assert out["rss_bytes_peak"] >= out["rss_bytes_mean"] > 0
+
+
+def test_wandb_mode_comes_from_the_environment_first(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_sink.resolve_mode("offline") == "disabled"
+    assert wandb_sink.open_sinks(make_recipe({"name": "single"}, tracking={"wandb": "offline"}), 0, Path(".")) == []
+    monkeypatch.setenv("WANDB_MODE", "dryrun")
+    assert wandb_sink.resolve_mode("online") == "offline"
+    monkeypatch.delenv("WANDB_MODE")
+    assert wandb_sink.resolve_mode("online") == "online"
+
+
+def _open_online(run_dir):
+    recipe = make_recipe({"name": "single"}, tracking={"wandb": "online"})
+    t0 = time.time()
+    sink = wandb_sink.open_sinks(recipe, 0, Path(run_dir))[0]
+    took = time.time() - t0
+    sink.close()
+    return sink.mode, took
+
+
+@pytest.mark.parametrize("key", [None, "a" * 40])
+def test_online_without_a_key_or_a_server_falls_back_to_offline_within_seconds(tmp_path, monkeypatch, capfd, key):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    if key:
+        monkeypatch.setenv("WANDB_API_KEY", key)
+    else:
+        monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    mode, took = run_ranks(_open_online, 1, str(tmp_path), timeout_s=60)[0]  # own process: W&B state stays there
+    # W&B's own default would wait 90 s for the server; this bound includes importing wandb and
+    # starting the offline run (~4 s idle, more on 2 busy cores).
+    assert mode == "offline" and took < 30
+    said = capfd.readouterr().out
+    assert said.count("W&B online is not available") == 1
+    assert wandb_runs.run_dirs(tmp_path)
