@@ -1,12 +1,16 @@
 """Pipeline parallelism (torch.distributed.pipelining) trains exactly like one process: GPipe and
 1F1B with 2 stages x 4 micro-batches, VGG11 and the MLP, and data x pipeline on a 2x2 mesh."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from suite.errors import SuiteError
 from suite.strategies.pipeline import bubble_formula
 from suite.strategies.splitting import balanced_split
+from suite.tracking import read_metrics
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 
 VGG = {"model": {"name": "vgg11", "width": 0.125, "classifier_hidden": 32},
@@ -15,9 +19,20 @@ VGG = {"model": {"name": "vgg11", "width": 0.125, "classifier_hidden": 32},
        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}}
 
 
+def final(run_dir, key):
+    return json.loads((run_dir / "summary.json").read_text())["final"][key]
+
+
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
+def baseline_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    step_losses(make_recipe({"name": "single"}), run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def baseline(baseline_dir):
+    return [s["global_loss"] for s in sorted(read_metrics(baseline_dir, kind="step", rank=0), key=lambda s: s["step"])]
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +41,20 @@ def vgg_baseline(tmp_path_factory):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_mlp_pipeline_matches_single_process(schedule, baseline, tmp_path):
+def test_mlp_pipeline_matches_single_process(schedule, baseline, baseline_dir, tmp_path):
     recipe = make_recipe({"name": "pipeline", "schedule": schedule, "micro_batches": 4}, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baseline)
+    # Evaluation sends whole batches between the stages: the same validation loss too.
+    assert abs(final(tmp_path, "val_loss") - final(baseline_dir, "val_loss")) <= 1e-5
+
+
+def test_autoencoder_pipeline_scores_against_the_input(tmp_path_factory):
+    sections = {"model": {"name": "autoencoder", "base_channels": 4},
+                "data": {"name": "digits", "limit_val": 64},  # real 8x8 images: learnable
+                "optimizer": {"name": "adam", "lr": 0.01}}
+    baseline = step_losses(make_recipe({"name": "single"}, **sections), tmp_path_factory.mktemp("ae-single"))
+    recipe = make_recipe({"name": "pipeline", "schedule": "1f1b"}, world_size=2, **sections)
+    assert_matches(step_losses(recipe, tmp_path_factory.mktemp("ae-pipeline")), baseline)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -94,3 +120,15 @@ def test_the_comparison_catches_unscaled_micro_batch_gradients(baseline, tmp_pat
     losses = step_losses(make_recipe({"name": "pipeline"}, world_size=2), tmp_path)
     with pytest.raises(AssertionError, match="differ from the baseline"):
         assert_matches(losses, baseline)
+
+
+def test_the_gpipe_vgg_recipe_runs_end_to_end_through_submit(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/gpipe_vgg.yaml", "--out", str(tmp_path),
+                           "training.max_steps=6", "tracking.wandb=disabled"],
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["strategy"], summary["world_size"], summary["steps"]) == \
+        ("completed", "pipeline", 2, 6)
+    assert [r["strategy_metrics"]["stage"] for r in summary["ranks"]] == [0, 1]
