@@ -1,0 +1,260 @@
+"""What the DeepSpeed strategies (zero, ds_pipeline) share: start-up, the config written from the
+recipe, validation of expert pass-through keys, and the bytes a rank holds.
+
+Not a strategy itself (not in ``_MODULES``). DeepSpeed is imported only inside functions here,
+so reading a recipe without a ``strategy.config`` block never imports it.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+from pathlib import Path
+
+from suite.errors import SuiteError
+
+# DeepSpeed keys the recipe decides; setting them in strategy.config would let the two disagree.
+OWNED = {
+    ("train_batch_size",): "training.batch_size",
+    ("train_micro_batch_size_per_gpu",): "training.batch_size (with training.grad_accumulation)",
+    ("gradient_accumulation_steps",): "training.grad_accumulation (ds_pipeline: strategy.micro_batches)",
+    ("optimizer",): "the recipe's optimizer section",
+    ("zero_optimization", "stage"): "strategy.stage (ds_pipeline: strategy.zero_stage)",
+    ("zero_optimization", "offload_optimizer", "device"): "strategy.offload_optimizer",
+    ("zero_optimization", "offload_param", "device"): "strategy.offload_parameters",
+    ("bf16", "enabled"): "training.precision",
+    ("fp16", "enabled"): "training.precision",
+}
+
+
+def refuse_fp16_on_cpu(recipe) -> None:
+    """DeepSpeed's fp16 (loss-scaled half precision) needs a GPU; say so before launching."""
+    import torch
+
+    if recipe.training.precision != "fp16":
+        return
+    device = recipe.launch.device
+    local_cpu = device == "auto" and recipe.launch.executor != "slurm" and not torch.cuda.is_available()
+    if device == "cpu" or local_cpu:
+        raise SuiteError(f"training.precision=fp16 with strategy {recipe.strategy.name} needs a GPU (DeepSpeed's "
+                         f"fp16 has no CPU path); use bf16 or fp32 on CPU")
+
+
+def make_config(*, micro_batch: int, accumulation: int, dp: int, precision: str, stage: int,
+                offload_optimizer: bool = False, offload_parameters: bool = False, extra: dict = None) -> dict:
+    """The DeepSpeed config of a run; batch sizes always satisfy train = micro x accumulation x dp."""
+    zero = {"stage": stage}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0  # else small parameters stay whole on every rank
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if offload_parameters:
+        zero["offload_param"] = {"device": "cpu"}
+    config = {
+        "train_batch_size": micro_batch * accumulation * dp,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": 0.0,  # DeepSpeed's default is 1.0: the loop clips nothing
+        "steps_per_print": 2**31 - 1,  # the loop reports progress
+        "zero_optimization": zero,
+        # The recipe's torch optimizer is passed in, so it steps exactly like the baseline:
+        "zero_allow_untested_optimizer": True,  # SGD (anything but Adam/AdamW) under ZeRO
+        "zero_force_ds_cpu_optimizer": False,  # offload with a torch optimizer, no C++ CPUAdam build
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
+    }
+    return merge(config, extra or {})
+
+
+def merge(base: dict, extra: dict, path: tuple = ()) -> dict:
+    """``base`` with ``extra`` merged in, dicts recursively; refuses keys the recipe owns."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        where = path + (key,)
+        if where in OWNED:
+            raise SuiteError(f"strategy.config.{'.'.join(where)} is set from the recipe; use "
+                             f"{OWNED[where]} instead")
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value, where)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class _ReadLog(dict):
+    """A dict that remembers which keys were looked up, nested dicts too. A key DeepSpeed never
+    reads while parsing its config is one it does not know (it would be silently ignored)."""
+
+    def __init__(self, data=(), reads=None):
+        items = dict.items(data) if isinstance(data, dict) else dict(data).items()  # no lookups logged
+        super().__init__({k: v if isinstance(v, _ReadLog) else _ReadLog(v) if isinstance(v, dict) else v
+                          for k, v in items})
+        self.reads = {} if reads is None else reads  # key -> None, most recent lookup last
+
+    def _note(self, key):
+        self.reads.pop(key, None)
+        self.reads[key] = None
+
+    def __getitem__(self, key):
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self._note(key)
+        return super().__contains__(key)
+
+    def __iter__(self):  # also makes ``**block`` look keys up one by one (no dict fast path)
+        return super().__iter__()
+
+    def __copy__(self):
+        return _ReadLog(self, reads=self.reads)
+
+    def unread(self, path=()):
+        """Paths of keys never looked up. A block none of whose keys was looked up one by one was
+        consumed whole (``**block`` into one of DeepSpeed's pydantic configs, which forbid unknown
+        keys themselves), so it is not reported."""
+        if path and not self.reads:
+            return []
+        out = []
+        for key, value in dict.items(self):
+            if key not in self.reads:
+                out.append(path + (key,))
+            elif isinstance(value, _ReadLog):
+                out += value.unread(path + (key,))
+        return out
+
+
+def check_config(config: dict, extra: dict) -> None:
+    """Parse ``config`` as DeepSpeed does (for one data-parallel rank); an error names the
+    ``strategy.config`` key. Imports DeepSpeed: call only when ``extra`` is not empty."""
+    quiet_import()
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from pydantic import ValidationError
+
+    config = {**config, "train_batch_size": config["train_micro_batch_size_per_gpu"]
+              * config["gradient_accumulation_steps"]}  # parsed as if for one rank
+    parsed = _ReadLog(config)
+    try:
+        DeepSpeedConfig(parsed)
+    except ValidationError as e:
+        err = e.errors()[0]
+        section = next(reversed(parsed.reads))  # DeepSpeed's sub-configs locate errors within their block
+        where = ".".join(str(p) for p in (section, *err["loc"]))
+        msg = err["msg"][0].lower() + err["msg"][1:]
+        raise SuiteError(f"strategy.config.{where}={err.get('input')!r}: {msg} (DeepSpeed config; "
+                         f"see https://www.deepspeed.ai/docs/config-json/)") from None
+    except (AssertionError, ValueError, TypeError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SuiteError(f"strategy.config is refused by DeepSpeed: {first}") from None
+    unknown = [".".join(map(str, p)) for p in parsed.unread() if _within(p, extra)]
+    if unknown:
+        raise SuiteError(f"unknown recipe key strategy.config.{unknown[0]}: DeepSpeed does not read it "
+                         f"(see https://www.deepspeed.ai/docs/config-json/ for accepted keys)")
+
+
+def _within(path: tuple, extra: dict) -> bool:
+    """Whether ``path`` is a key the user wrote (not one the suite generated)."""
+    node = extra
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def quiet_import():
+    """Import DeepSpeed with its INFO chatter off; returns the module."""
+    import logging
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else it probes and warns on stderr
+    deepspeed = importlib.import_module("deepspeed")
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    return deepspeed
+
+
+def preload() -> None:
+    """Import DeepSpeed and the modules ``deepspeed.initialize`` imports lazily (its Muon optimizer
+    module pulls in torch._inductor: ~7 s). For a parent process about to fork ranks (tests)."""
+    quiet_import()
+    for name in ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.pipe.engine",
+                 "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2"):
+        importlib.import_module(name)
+
+
+def start(ctx):
+    """Import DeepSpeed and make it reuse the process group ``suite.dist`` created."""
+    if ctx.device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else it probes and warns
+    os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))  # without it DeepSpeed tries MPI
+    deepspeed = quiet_import()
+    # The shared-memory collective op (CPU inference all-reduce) is compiled on first use, 60-80 s
+    # on 2 cores; training does not use it. (The module must be fetched this way: the attribute
+    # path deepspeed.comm.torch is the torch package.)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend=ctx.backend, auto_mpi_discovery=False)
+    import torch.distributed as dist
+    from deepspeed import comm
+    assert comm.get_world_size() == dist.get_world_size(), "DeepSpeed did not join the suite's process group"
+    return deepspeed
+
+
+def record_config(setup, config: dict) -> None:
+    """Write the config DeepSpeed runs with to the run folder (rank 0)."""
+    if setup.run_dir and setup.ctx.is_main:
+        Path(setup.run_dir, "deepspeed_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def held_bytes(engine, params, gradient_bytes: int) -> dict:
+    """Bytes this rank holds: parameters (ZeRO-3: the ds_tensor partition), gradients (measured
+    after backward), optimizer state = the inner optimizer's state plus DeepSpeed's fp32 master
+    partitions (ZeRO-1/2: single_partition_of_fp32_groups; ZeRO-3: fp32_partitioned_groups_flat;
+    bf16 optimizer: fp32_groups_flat_partition)."""
+    from suite.metrics import optimizer_state_bytes, tensor_bytes
+
+    wrapper = engine.optimizer
+    inner = getattr(wrapper, "optimizer", wrapper)
+    master = []
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
+        master += list(getattr(wrapper, name, None) or [])
+    return {"parameters": tensor_bytes(params), "gradients": gradient_bytes,
+            "optimizer_state": optimizer_state_bytes(inner) + tensor_bytes(master)}
+
+
+def gradient_bytes(engine, params) -> int:
+    """Gradient bytes this rank holds right after backward: full ``p.grad`` where DeepSpeed keeps
+    them, else its partitioned buffers. Views of one buffer are counted once."""
+    import torch
+
+    wrapper = engine.optimizer
+    tensors = [p.grad for p in params if p.grad is not None]
+    averaged = getattr(wrapper, "averaged_gradients", None) or {}
+    for group in (averaged.values() if isinstance(averaged, dict) else averaged):
+        tensors += [t for t in (group or []) if isinstance(t, torch.Tensor)]
+    flat = getattr(wrapper, "grad_partitions_flat_buffer", None)
+    if isinstance(flat, torch.Tensor):
+        tensors.append(flat)
+    return _storage_bytes(tensors)
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct memory behind ``tensors`` (a view counts as its own extent)."""
+    spans = {}
+    for t in tensors:
+        start = t.data_ptr()
+        end = start + t.numel() * t.element_size()
+        spans[start] = max(spans.get(start, start), end)
+    total, reach = 0, 0
+    for start in sorted(spans):
+        end = spans[start]
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total

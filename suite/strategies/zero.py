@@ -1,0 +1,128 @@
+"""DeepSpeed ZeRO: data parallelism that partitions the optimizer state (stage 1), also the
+gradients (stage 2), also the parameters (stage 3) over the ranks; stage 0 is plain data
+parallelism through DeepSpeed. Optional CPU offload of the optimizer step (stages 1-3) and of
+the parameters (stage 3).
+
+The recipe's torch optimizer is handed to DeepSpeed, so the update is exactly the baseline's
+(no C++ op is built). The DeepSpeed config is written from the recipe and recorded in the run
+folder as ``deepspeed_config.json``; ``config`` adds expert keys, checked against DeepSpeed.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from suite.engine import Engine, StepResult
+from suite.errors import SuiteError
+from suite.strategies import _deepspeed
+from suite.strategies.base import StrategyOptions
+
+
+class Options(StrategyOptions):
+    name: Literal["zero"] = "zero"
+    stage: Literal[0, 1, 2, 3] = 2
+    offload_optimizer: bool = False  # optimizer state and step on the CPU (stages 1-3)
+    offload_parameters: bool = False  # parameters on the CPU between uses (stage 3 only)
+    config: dict[str, Any] = {}  # extra DeepSpeed config keys, e.g. {zero_optimization: {reduce_bucket_size: 1e6}}
+
+    def check(self, recipe) -> None:
+        if self.offload_parameters and self.stage != 3:
+            raise SuiteError(f"strategy.offload_parameters=true needs strategy.stage=3 (got stage {self.stage}): "
+                             f"only ZeRO-3 partitions parameters; set stage: 3 or offload_parameters: false")
+        if self.offload_optimizer and self.stage == 0:
+            raise SuiteError("strategy.offload_optimizer=true needs strategy.stage 1, 2 or 3 (ZeRO-Offload "
+                             "offloads the partitioned optimizer state); raise the stage or drop the offload")
+        _deepspeed.refuse_fp16_on_cpu(recipe)
+        config = _deepspeed.make_config(
+            micro_batch=recipe.micro_batch_size(), accumulation=recipe.training.grad_accumulation,
+            dp=recipe.dp_size(), precision=recipe.training.precision, stage=self.stage,
+            offload_optimizer=self.offload_optimizer, offload_parameters=self.offload_parameters,
+            extra=self.config)
+        divides = recipe.training.batch_size % (recipe.dp_size() * recipe.training.grad_accumulation) == 0
+        if self.config and divides:  # else suite.recipe.check names the batch size
+            _deepspeed.check_config(config, self.config)
+
+    def held_fraction(self, total: dict, world_size: int) -> dict:
+        """The ZeRO paper's partitioning: stage 1 splits optimizer state, 2 also gradients, 3 also
+        parameters. From stage 1 on DeepSpeed keeps an fp32 master copy of the rank's partition,
+        counted here as optimizer state (as held_bytes counts it)."""
+        n = world_size
+        out = dict(total)
+        if self.stage >= 1:
+            out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / n
+        if self.stage >= 2:
+            out["gradients"] = total["gradients"] / n
+        if self.stage >= 3:
+            out["parameters"] = total["parameters"] / n
+        return out
+
+
+class ZeroEngine(Engine):
+    def __init__(self, setup, ds_engine, stage: int):
+        self.setup = setup
+        self.ds = ds_engine
+        self.stage = stage
+        self.dp_rank, self.dp_size = setup.ctx.rank, setup.ctx.world_size
+        self._params = list(ds_engine.module.parameters())
+        self._gradient_bytes = 0
+        # DeepSpeed's bf16/fp16 modes keep the module in half precision: inputs must match.
+        self._input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision)
+
+    def _cast(self, x):
+        return x.to(self._input_dtype) if self._input_dtype and x.is_floating_point() else x
+
+    def train_step(self, inputs, targets) -> StepResult:
+        self.ds.train()
+        chunks = self.setup.micro_batches(inputs, targets)
+        total = torch.zeros((), device=inputs.device)
+        correct = torch.zeros((), device=inputs.device)
+        for i, (x, y) in enumerate(chunks):
+            out = self.ds(self._cast(x))
+            loss = self.setup.task.loss(out, x, y)
+            self.ds.backward(loss)  # scales by 1/accumulation itself
+            if i == len(chunks) - 1:
+                self._gradient_bytes = _deepspeed.gradient_bytes(self.ds, self._params)
+            self.ds.step()  # steps the optimizer only at the accumulation boundary
+            total += loss.detach().float() / len(chunks)
+            correct += self.setup.task.correct(out, y)
+        return StepResult(loss=total, samples=len(inputs), correct=correct)
+
+    @torch.no_grad()
+    def eval_step(self, inputs, targets):
+        self.ds.eval()
+        out = self.ds(self._cast(inputs))
+        return self.setup.task.evaluate(out, inputs, targets)
+
+    def held_bytes(self) -> dict:
+        return _deepspeed.held_bytes(self.ds, self._params, self._gradient_bytes)
+
+    def state_dict(self) -> dict:
+        """This rank's shard: module weights (stages 0-2: whole; ZeRO-3 restores them from the
+        fp32 partitions) and DeepSpeed's optimizer state. Loads at the same world size and stage."""
+        model = self.ds.module.state_dict() if self.stage < 3 else None
+        return {"model": model, "optimizer": self.ds.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("model") is not None:
+            self.ds.module.load_state_dict(state["model"])
+        if self.stage == 0:
+            self.ds.optimizer.load_state_dict(state["optimizer"])
+        else:  # the fp32 partitions are the master weights: the module is refreshed from them
+            self.ds.optimizer.load_state_dict([state["optimizer"]], load_from_fp32_weights=True)
+
+
+def build(opts: Options, setup) -> ZeroEngine:
+    ctx = setup.ctx
+    if setup.precision == "fp16" and ctx.device.type == "cpu":
+        raise SuiteError("training.precision=fp16 with strategy zero needs a GPU; use bf16 or fp32 on CPU")
+    deepspeed = _deepspeed.start(ctx)
+    config = _deepspeed.make_config(
+        micro_batch=setup.micro_batch_size, accumulation=setup.grad_accumulation, dp=ctx.world_size,
+        precision=setup.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,
+        offload_parameters=opts.offload_parameters, extra=opts.config)
+    _deepspeed.record_config(setup, config)
+    model = setup.build_model().to(ctx.device)
+    optimizer = setup.make_optimizer(model.parameters())
+    ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return ZeroEngine(setup, ds_engine, opts.stage)
