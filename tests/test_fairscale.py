@@ -6,7 +6,9 @@ import pytest
 
 from suite.errors import SuiteError
 from suite.strategies import fairscale_oss
+from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.roundtrip import continued_and_resumed
 
 TWO_DEVICES = {"launch": {"devices_per_task": 2}}
 
@@ -61,3 +63,16 @@ def test_unsupported_settings_give_one_clear_line(strategy, world, launch, fragm
     with pytest.raises(SuiteError) as err:
         make_recipe(strategy, world_size=world, launch=launch)
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
+def test_oss_state_dict_resumes_exactly(gradients):
+    recipe = make_recipe({"name": "oss", "gradients": gradients}, world_size=2)
+    for continued, resumed in run_ranks(continued_and_resumed, 2, recipe):
+        assert resumed == continued
+
+
+def test_pipe_state_dict_resumes_exactly():
+    recipe = make_recipe({"name": "fairscale_pipe"}, **TWO_DEVICES)
+    ((continued, resumed),) = run_ranks(continued_and_resumed, 1, recipe)
+    assert resumed == continued

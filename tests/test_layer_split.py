@@ -9,7 +9,9 @@ from suite.engine import Setup
 from suite.errors import SuiteError
 from suite.strategies import layer_split
 from suite.task import Task
+from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.roundtrip import continued_and_resumed
 
 TWO_DEVICES = {"launch": {"devices_per_task": 2}}
 
@@ -79,3 +81,10 @@ def test_bad_settings_give_one_clear_line(strategy, launch, fragment):
     with pytest.raises(SuiteError) as err:
         make_recipe(strategy, launch=launch)
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_state_dict_resumes_exactly(world):
+    recipe = make_recipe({"name": "layer_split"}, world_size=world, **TWO_DEVICES)
+    for continued, resumed in run_ranks(continued_and_resumed, world, recipe):
+        assert resumed == continued

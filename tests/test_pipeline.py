@@ -11,7 +11,9 @@ from suite.errors import SuiteError
 from suite.strategies.pipeline import bubble_formula
 from suite.strategies.splitting import balanced_split
 from suite.tracking import read_metrics
+from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.roundtrip import continued_and_resumed
 
 VGG = {"model": {"name": "vgg11", "width": 0.125, "classifier_hidden": 32},
        "data": {"name": "synthetic", "shape": [3, 32, 32], "classes": 10, "n_train": 256, "n_val": 32},
@@ -132,3 +134,10 @@ def test_the_gpipe_vgg_recipe_runs_end_to_end_through_submit(tmp_path):
     assert (summary["status"], summary["strategy"], summary["world_size"], summary["steps"]) == \
         ("completed", "pipeline", 2, 6)
     assert [r["strategy_metrics"]["stage"] for r in summary["ranks"]] == [0, 1]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_state_dict_resumes_exactly(schedule):
+    recipe = make_recipe({"name": "pipeline", "schedule": schedule}, world_size=2)
+    (_, _), (continued, resumed) = run_ranks(continued_and_resumed, 2, recipe)  # rank 1: the loss stage
+    assert resumed == continued and None not in resumed

@@ -48,14 +48,12 @@ class OSSEngine(ModuleEngine):
         return held
 
     def state_dict(self) -> dict:
-        """Collective: every rank must call it; the full optimizer state is gathered on rank 0."""
-        self.optimizer.consolidate_state_dict(recipient_rank=0)
-        optim = self.optimizer.state_dict() if self.setup.ctx.rank == 0 else None
-        return {"model": self.module.module.state_dict(), "optimizer": optim}
+        """This rank's own optimizer shard (checkpoints are per rank, at a fixed world size)."""
+        return {"model": self.module.module.state_dict(), "optimizer_shard": self.optimizer.optim.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.module.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.optim.load_state_dict(state["optimizer_shard"])
 
 
 def sharded_optimizer(setup, params):
