@@ -49,6 +49,7 @@ class Training(Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
     log_every_steps: PositiveInt = 10
+    checkpoint_every_steps: NonNegativeInt = 0  # 0: only when preempted or timed out
 
 
 class Launch(Strict):
@@ -67,6 +68,7 @@ class Launch(Strict):
     constraint: Optional[str] = None
     sbatch_extra: dict[str, Any] = {}
     array_parallelism: PositiveInt = 16  # sweep points running at once on Slurm
+    signal_delay_s: PositiveInt = 90  # SIGUSR2 this long before the time limit: checkpoint, requeue
     collective_timeout_s: PositiveInt = 300  # a rank stuck this long in a collective fails the run
 
     @property

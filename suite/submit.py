@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from suite.errors import SuiteError
+from suite.errors import RunFailed, SuiteError
 
 
 def parse_args(argv):
@@ -68,24 +68,40 @@ def _main(args) -> int:
 
 
 def _run_all(points, out: Path, wait: bool) -> int:
-    from suite import launch, tracking
-    from suite.errors import RunFailed
+    import datetime
+
+    from suite import follow, launch, tracking
     from suite.train import new_run_dir
 
+    runs = [(r, new_run_dir(r, out)) for r in points]
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if points[0].launch.executor == "local" and wait:
+        # One machine: run the points one after another, so they do not compete for its cores.
+        batches = [[run] for run in runs]
+    else:
+        batches = [runs]
     failures = 0
-    for r in points:
-        run_dir = new_run_dir(r, out)
-        job = launch.submit(r, run_dir)
-        print(f"{_job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
-        if not wait:
-            continue
+
+    def done(w):
+        nonlocal failures
         try:
-            launch.follow(job, run_dir, r.training.epochs)
+            summary = w.outcome()
         except RunFailed as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr, flush=True)
             failures += 1
-            continue
-        print(summary_text(tracking.read_json(run_dir / "summary.json"), run_dir), flush=True)
+            return
+        print(summary_text(summary, w.run_dir), flush=True)
+
+    for batch in batches:
+        jobs = launch.submit(batch, out / f"sweep-{stamp}-submitit")
+        watches = []
+        for (r, run_dir), job in zip(batch, jobs):
+            print(f"{_job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
+            watches.append(follow.Watch(job, run_dir, r.training.epochs))
+        if wait:
+            follow.wait(watches, on_done=done)
+    if not wait:
+        print("submitted; not waiting (--no-wait). Follow with: squeue / the run folders above")
     return 1 if failures else 0
 
 

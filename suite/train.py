@@ -19,10 +19,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite import dist as sdist
-from suite import measures, metrics, recipe as recipes, strategies, tracking
+from suite import checkpoint, measures, metrics, recipe as recipes, strategies, tracking
 from suite.engine import Setup
 from suite.errors import SuiteError
 from suite.models import MODELS, build as build_model
+from suite.loop import StepLoop
 from suite.task import Task
 
 
@@ -45,6 +46,8 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs") -> 
         run_dir = _agree_run_dir(ctx, recipe, run_dir, out)
         try:
             _train(recipe, ctx, run_dir)
+        except checkpoint.Preempted:
+            raise
         except BaseException as e:
             _record_error(run_dir, ctx.rank, e)
             raise
@@ -114,9 +117,16 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     if tr.max_steps:
         total_steps = min(total_steps, tr.max_steps)
 
-    loop = _Loop(ctx, engine, log, tr, total_steps)
+    loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task)
+    loop.resume()
+    checkpoint.install_preemption_handler()
+    printer = (lambda rec: print(epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
-        epochs = _epochs(ctx, engine, log, loop, tr, sampler, loader, val_loader, setup.task, total_steps)
+        epochs = loop.run(sampler, loader, val_loader, printer)
+    except checkpoint.Preempted:
+        if ctx.is_main:
+            _mark_preempted(run_dir, loop)
+        raise
     except BaseException:
         loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
         raise
@@ -125,130 +135,10 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     engine.close()
 
 
-def _epochs(ctx, engine, log, loop, tr, sampler, loader, val_loader, task, total_steps) -> list[dict]:
-    epochs = []
-    for epoch in range(tr.epochs):
-        sampler.set_epoch(epoch)
-        train = loop.train_epoch(loader, epoch)
-        evaluation = {}
-        if tr.eval_every_epochs and ((epoch + 1) % tr.eval_every_epochs == 0
-                                     or epoch == tr.epochs - 1 or loop.step >= total_steps):
-            evaluation = _evaluate(ctx, engine, val_loader, task)
-        record = {"epoch": epoch, **train, **evaluation}
-        log.log("epoch", **record)
-        epochs.append(record)
-        if ctx.is_main:
-            print(epoch_line(record, tr.epochs), flush=True)
-        if loop.step >= total_steps:
-            break
-    return epochs
-
-
-class _Loop:
-    """Steps, timing and the batched reduction of per-step losses to global ones."""
-
-    def __init__(self, ctx, engine, log, training, total_steps):
-        self.ctx, self.engine, self.log, self.tr = ctx, engine, log, training
-        self.total_steps = total_steps
-        self.step = 0
-        self.step_times_s: list[float] = []
-        self.train_time_s = 0.0
-        self.samples = 0  # global samples trained on
-        self._pending = []
-
-    def train_epoch(self, loader, epoch) -> dict:
-        epoch_t0 = time.perf_counter()
-        self._epoch_losses, self._epoch_correct, self._epoch_samples = [], 0.0, 0.0
-        for inputs, targets in loader:
-            inputs = inputs.to(self.ctx.device, non_blocking=True)
-            targets = targets.to(self.ctx.device, non_blocking=True)
-            with metrics.Stopwatch(self.ctx) as watch:
-                result = self.engine.train_step(inputs, targets)
-            self.step_times_s.append(watch.elapsed_s)
-            self._pending.append((self.step, epoch, result, watch.elapsed_s))
-            self.step += 1
-            _maybe_fail(self.ctx.rank, self.step)
-            if len(self._pending) >= self.tr.log_every_steps:
-                self._flush()
-            if self.step >= self.total_steps:
-                break
-        self._flush()
-        epoch_time_s = time.perf_counter() - epoch_t0
-        self.train_time_s += epoch_time_s
-        out = {"epoch_time_s": epoch_time_s,
-               "train_loss": sum(self._epoch_losses) / max(1, len(self._epoch_losses))}
-        if self._epoch_samples and self.engine_has_accuracy:
-            out["train_accuracy"] = self._epoch_correct / self._epoch_samples
-        return out
-
-    @property
-    def engine_has_accuracy(self):
-        return getattr(self.engine, "setup", None) is None or self.engine.setup.task.has_accuracy
-
-    def flush_local(self) -> None:
-        """Write pending steps with this rank's own loss only (used when a run fails)."""
-        for step, epoch, r, step_time_s in self._pending:
-            loss = r.loss.item() if r.loss is not None and r.samples else None
-            self.log.log("step", step=step, epoch=epoch, global_loss=None, loss=loss,
-                         samples=r.samples, step_time_s=step_time_s)
-        self._pending = []
-
-    def _flush(self) -> None:
-        """One all-reduce for all pending steps: each step's global loss is the sample-weighted
-        mean of the losses ranks computed (ranks with no loss, e.g. early pipeline stages, add 0)."""
-        if not self._pending:
-            return
-        rows = []
-        for _, _, r, _ in self._pending:
-            has = r.loss is not None and r.samples > 0
-            rows.append(torch.stack([
-                (r.loss.detach().float() * r.samples) if has else torch.zeros((), device=self.ctx.device),
-                torch.tensor(float(r.samples if has else 0), device=self.ctx.device),
-                r.correct.detach().float() if (has and r.correct is not None) else torch.zeros((), device=self.ctx.device),
-            ]))
-        table = torch.stack(rows)
-        local = table.clone()
-        if self.ctx.world_size > 1:
-            dist.all_reduce(table)
-        for (step, epoch, r, step_time_s), row, mine in zip(self._pending, table.tolist(), local.tolist()):
-            loss_sum, samples, correct = row
-            global_loss = loss_sum / samples if samples else float("nan")
-            self._epoch_losses.append(global_loss)
-            self._epoch_correct += correct
-            self._epoch_samples += samples
-            self.samples += self.tr.batch_size
-            self.log.log("step", step=step, epoch=epoch, global_loss=global_loss,
-                         loss=(mine[0] / mine[1]) if mine[1] else None,
-                         samples=r.samples, step_time_s=step_time_s)
-        self._pending = []
-        if self.ctx.is_main:
-            rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
-            print(f"step {self.step}/{self.total_steps} loss {self._epoch_losses[-1]:.4f} "
-                  f"{rate:.0f} samples/s", flush=True)
-
-
-def _maybe_fail(rank: int, step: int) -> None:
-    """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP."""
-    spec = os.environ.get("SCALESUITE_FAIL_AT")
-    if spec and spec == f"{rank}:{step}":
-        raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")
-
-
-@torch.no_grad()
-def _evaluate(ctx, engine, loader, task) -> dict:
-    with metrics.Stopwatch(ctx) as watch:
-        sums = torch.zeros(3, device=ctx.device)
-        for inputs, targets in loader:
-            part = engine.eval_step(inputs.to(ctx.device), targets.to(ctx.device))
-            if part is not None:
-                sums += part
-        if ctx.world_size > 1:
-            dist.all_reduce(sums)
-    loss_sum, correct, count = sums.tolist()
-    out = {"val_loss": loss_sum / count if count else None, "eval_time_s": watch.elapsed_s}
-    if task.has_accuracy and count:
-        out["val_accuracy"] = correct / count
-    return out
+def _mark_preempted(run_dir, loop) -> None:
+    summary = tracking.read_json(run_dir / "summary.json")
+    summary.update(status="preempted", steps=loop.step, attempts=loop.attempts)
+    tracking.write_json_atomic(run_dir / "summary.json", summary)
 
 
 def epoch_line(rec: dict, epochs: int) -> str:
@@ -301,8 +191,9 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started) -> None:
         "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")
                   if last.get(k) is not None},
         "ranks": ranks,
-        "started_at": started,
+        "started_at": loop.attempts[0]["started_at"],
         "finished_at": time.time(),
+        "attempts": loop.attempts,
         "torch": torch.__version__,
         **run_level,
     }

@@ -1,0 +1,187 @@
+"""The step loop: epochs, steps, timing, the batched reduction of per-step losses to global ones,
+evaluation, and checkpoints (periodic, and on preemption) from which a run resumes exactly."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from suite import checkpoint, metrics
+
+
+class StepLoop:
+    def __init__(self, ctx, engine, log, training, total_steps, run_dir, task):
+        self.ctx, self.engine, self.log, self.tr = ctx, engine, log, training
+        self.total_steps, self.run_dir, self.task = total_steps, run_dir, task
+        self.step = 0
+        self.step_times_s: list[float] = []
+        self.train_time_s = 0.0
+        self.samples = 0  # global samples trained on
+        self.epochs: list[dict] = []  # one record per finished epoch
+        self.attempts: list[dict] = []
+        self._epoch = 0
+        self._batch = 0  # batches done in the current epoch
+        self._partial = _EpochSums()
+        self._pending = []
+        self._saved_step = 0
+
+    # ---- resuming -------------------------------------------------------------------------
+    _STATE = ("step", "step_times_s", "train_time_s", "samples", "epochs", "attempts",
+              "_epoch", "_batch", "_partial", "_saved_step")
+
+    def state(self) -> dict:
+        return {k: getattr(self, k) for k in self._STATE}
+
+    def resume(self) -> None:
+        """Continue from the run folder's checkpoint, if it holds one; record this attempt."""
+        restored = checkpoint.load(self.run_dir, self.ctx, self.engine)
+        if restored:
+            for key in self._STATE:
+                setattr(self, key, restored[key])
+        self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": time.time(),
+                              "from_step": self.step,
+                              "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0))})
+
+    @property
+    def attempt(self) -> int:
+        return len(self.attempts)
+
+    # ---- training -------------------------------------------------------------------------
+    def run(self, sampler, loader, val_loader, printer=None) -> list[dict]:
+        for epoch in range(self._epoch, self.tr.epochs):
+            self._epoch = epoch
+            sampler.set_epoch(epoch)
+            train = self._train_epoch(loader, epoch)
+            evaluation = {}
+            last = epoch == self.tr.epochs - 1 or self.step >= self.total_steps
+            if self.tr.eval_every_epochs and ((epoch + 1) % self.tr.eval_every_epochs == 0 or last):
+                evaluation = self._evaluate(val_loader)
+            record = {"epoch": epoch, **train, **evaluation}
+            self.log.log("epoch", attempt=self.attempt, **record)
+            self.epochs.append(record)
+            self._epoch, self._batch, self._partial = epoch + 1, 0, _EpochSums()
+            if printer:
+                printer(record)
+            if self.step >= self.total_steps:
+                break
+        return self.epochs
+
+    def _train_epoch(self, loader, epoch) -> dict:
+        p = self._partial
+        epoch_t0 = time.perf_counter() - p.elapsed_s
+        for i, (inputs, targets) in enumerate(loader):
+            if i < self._batch:  # resumed mid-epoch: the sampler's order is the same, skip what was done
+                continue
+            inputs = inputs.to(self.ctx.device, non_blocking=True)
+            targets = targets.to(self.ctx.device, non_blocking=True)
+            with metrics.Stopwatch(self.ctx) as watch:
+                result = self.engine.train_step(inputs, targets)
+            self.step_times_s.append(watch.elapsed_s)
+            self._pending.append((self.step, epoch, result, watch.elapsed_s))
+            self.step += 1
+            self._batch = i + 1
+            _maybe_fail(self.ctx.rank, self.step)
+            if len(self._pending) >= self.tr.log_every_steps or self._checkpoint_due():
+                p.elapsed_s = time.perf_counter() - epoch_t0
+                self._flush()
+            if self.step >= self.total_steps:
+                break
+        self._flush()
+        epoch_time_s = time.perf_counter() - epoch_t0
+        self.train_time_s += epoch_time_s
+        out = {"epoch_time_s": epoch_time_s, "train_loss": sum(p.losses) / max(1, len(p.losses))}
+        if p.samples and self.task.has_accuracy:
+            out["train_accuracy"] = p.correct / p.samples
+        return out
+
+    def _checkpoint_due(self) -> bool:
+        every = self.tr.checkpoint_every_steps
+        return bool(every) and self.step - self._saved_step >= every
+
+    def flush_local(self) -> None:
+        """Write pending steps with this rank's own loss only (used when a run fails)."""
+        for step, epoch, r, step_time_s in self._pending:
+            loss = r.loss.item() if r.loss is not None and r.samples else None
+            self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=None, loss=loss,
+                         samples=r.samples, step_time_s=step_time_s)
+        self._pending = []
+
+    def _flush(self) -> None:
+        """One all-reduce for all pending steps: each step's global loss is the sample-weighted
+        mean of the losses ranks computed (ranks with no loss, e.g. early pipeline stages, add 0).
+        The same reduction carries the preemption flag, so every rank stops at the same step."""
+        if not self._pending:
+            return
+        zero = torch.zeros((), device=self.ctx.device)
+        rows = []
+        for _, _, r, _ in self._pending:
+            has = r.loss is not None and r.samples > 0
+            rows.append(torch.stack([
+                (r.loss.detach().float() * r.samples) if has else zero,
+                torch.tensor(float(r.samples if has else 0), device=self.ctx.device),
+                r.correct.detach().float() if (has and r.correct is not None) else zero,
+            ]))
+        stop = torch.tensor([[float(checkpoint.stop_requested()), 0.0, 0.0]], device=self.ctx.device)
+        table = torch.cat([torch.stack(rows), stop])
+        local = table.clone()
+        if self.ctx.world_size > 1:
+            dist.all_reduce(table)
+        p = self._partial
+        for (step, epoch, r, step_time_s), row, mine in zip(self._pending, table.tolist(), local.tolist()):
+            loss_sum, samples, correct = row
+            global_loss = loss_sum / samples if samples else float("nan")
+            p.losses.append(global_loss)
+            p.correct += correct
+            p.samples += samples
+            self.samples += self.tr.batch_size
+            self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=global_loss,
+                         loss=(mine[0] / mine[1]) if mine[1] else None,
+                         samples=r.samples, step_time_s=step_time_s)
+        self._pending = []
+        if self.ctx.is_main:
+            rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
+            print(f"step {self.step}/{self.total_steps} loss {p.losses[-1]:.4f} {rate:.0f} samples/s", flush=True)
+        preempted = table[-1, 0].item() > 0
+        if preempted or self._checkpoint_due():
+            checkpoint.save(self.run_dir, self.ctx, self.engine, self.state())
+            self._saved_step = self.step
+        if preempted:
+            if self.ctx.is_main:
+                print(f"preempted: checkpoint saved at step {self.step}; handing over to requeue", flush=True)
+            checkpoint.hand_over_to_submitit(self.ctx)
+
+    @torch.no_grad()
+    def _evaluate(self, loader) -> dict:
+        ctx = self.ctx
+        with metrics.Stopwatch(ctx) as watch:
+            sums = torch.zeros(3, device=ctx.device)
+            for inputs, targets in loader:
+                part = self.engine.eval_step(inputs.to(ctx.device), targets.to(ctx.device))
+                if part is not None:
+                    sums += part
+            if ctx.world_size > 1:
+                dist.all_reduce(sums)
+        loss_sum, correct, count = sums.tolist()
+        out = {"val_loss": loss_sum / count if count else None, "eval_time_s": watch.elapsed_s}
+        if self.task.has_accuracy and count:
+            out["val_accuracy"] = correct / count
+        return out
+
+
+class _EpochSums:
+    """What an epoch has accumulated so far (kept in checkpoints taken mid-epoch)."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+        self.correct = 0.0
+        self.samples = 0.0
+        self.elapsed_s = 0.0
+
+
+def _maybe_fail(rank: int, step: int) -> None:
+    """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP."""
+    spec = os.environ.get("SCALESUITE_FAIL_AT")
+    if spec and spec == f"{rank}:{step}":
+        raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")

@@ -1,0 +1,75 @@
+"""A run stopped by preemption (SIGUSR2) saves a checkpoint on every rank at the same step and a
+second attempt resumes from it: the losses equal those of an uninterrupted run, step for step."""
+import json
+import signal
+
+import pytest
+
+from suite import checkpoint, train
+from suite.strategies import base
+from suite.tracking import read_metrics
+from tests.harness import run_ranks
+from tests.parity import make_recipe
+
+RESUMABLE = dict(training={"epochs": 2, "batch_size": 32, "seed": 1, "log_every_steps": 2},
+                 data={"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 256, "n_val": 64})
+
+
+def run_until_stopped(recipe, run_dir):
+    try:
+        train.run(recipe, run_dir)
+    except checkpoint.Preempted:
+        return "preempted"
+    return "completed"
+
+
+def steps_by_number(run_dir):
+    latest = {}
+    for rec in read_metrics(run_dir, kind="step", rank=0):  # a later attempt's line wins
+        latest[rec["step"]] = rec["global_loss"]
+    return [latest[k] for k in sorted(latest)]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "allreduce"])
+def test_preempted_run_resumes_to_the_same_losses(strategy, tmp_path, monkeypatch):
+    recipe = make_recipe({"name": strategy}, world_size=2, **RESUMABLE)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    assert run_ranks(run_until_stopped, 2, recipe, whole) == ["completed"] * 2
+
+    calls = {"n": 0}
+    real_step = base.ModuleEngine.train_step
+
+    def step_then_signal(self, inputs, targets):
+        calls["n"] += 1
+        if calls["n"] == 5 and self.setup.ctx.rank == 1:
+            signal.raise_signal(signal.SIGUSR2)  # what Slurm sends before a time limit or on preemption
+        return real_step(self, inputs, targets)
+
+    monkeypatch.setattr(base.ModuleEngine, "train_step", step_then_signal)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    assert run_ranks(run_until_stopped, 2, recipe, cut) == ["preempted"] * 2
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["steps"] == 6  # the next reduction after step 5
+    monkeypatch.setattr(base.ModuleEngine, "train_step", real_step)
+    assert run_ranks(run_until_stopped, 2, recipe, cut) == ["completed"] * 2
+
+    expected, resumed = steps_by_number(whole), steps_by_number(cut)
+    assert len(resumed) == len(expected) == 16
+    assert resumed == expected  # exactly: same seed, same world size, same data order
+    done = json.loads((cut / "summary.json").read_text())
+    assert done["status"] == "completed" and [a["from_step"] for a in done["attempts"]] == [0, 6]
+    assert done["final"] == json.loads((whole / "summary.json").read_text())["final"]
+
+
+def test_periodic_checkpoints_let_a_crashed_run_resume(tmp_path, monkeypatch):
+    recipe = make_recipe({"name": "ddp"}, world_size=2, **{**RESUMABLE, "training": {
+        **RESUMABLE["training"], "checkpoint_every_steps": 4}})
+    monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:7")
+    with pytest.raises(AssertionError, match="raised"):
+        run_ranks(run_until_stopped, 2, recipe, tmp_path)
+    assert json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["step"] == 4
+    monkeypatch.delenv("SCALESUITE_FAIL_AT")
+    assert run_ranks(run_until_stopped, 2, recipe, tmp_path) == ["completed"] * 2
+    assert len(steps_by_number(tmp_path)) == 16
