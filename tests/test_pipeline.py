@@ -86,6 +86,8 @@ def test_each_stage_records_its_measured_bubble_next_to_the_formula(tmp_path):
         assert m["stage"] == rank["rank"] and m["stages"] == 2 and m["micro_batches"] == 4
         assert m["bubble_fraction_formula"] == pytest.approx(1 / 5)
         assert 0.0 <= m["bubble_fraction"] < 1.0 and m["stage_busy_s"] > 0
+    # Each stage holds its own blocks only: [64-32-32-10] splits 2080 | 1056 + 330 parameters.
+    assert [r["held_bytes"]["parameters"] for r in ranks] == [2080 * 4, 1386 * 4]
 
 
 def test_the_textbook_bubble():

@@ -75,7 +75,9 @@ def bubble_formula(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def _timed_stage_class():
+def _timed_stage_class(synchronize):
+    """PipelineStage plus busy-time accounting; ``synchronize`` waits for the device (GPU work
+    is asynchronous, so without it the clock would stop before the work is done)."""
     from torch.distributed.pipelining import PipelineStage
 
     class TimedStage(PipelineStage):
@@ -87,7 +89,7 @@ def _timed_stage_class():
             try:
                 return method(*args, **kwargs)
             finally:
-                self.synchronize()
+                synchronize()
                 self.busy_s += time.perf_counter() - t0
 
         def forward_one_chunk(self, *args, **kwargs):
@@ -103,30 +105,29 @@ def _timed_stage_class():
 
 
 class PipelineEngine(ModuleEngine):
-    def __init__(self, setup, module, stage, schedule, pp_group, dp_rank, dp_size):
+    def __init__(self, setup, module, stage, schedule, micro_batches, pp_group, dp_rank, dp_size):
         super().__init__(setup, module, dp_rank, dp_size)
         self.stage, self.schedule, self.pp_group = stage, schedule, pp_group
-        self.stages = stage.num_stages
-        self.micro_batches = schedule._n_microbatches
+        self.stages, self.micro_batches = stage.num_stages, micro_batches
         self.bubble_fractions: list[float] = []
         self.busy_s: list[float] = []
 
     def train_step(self, inputs, targets):
         self.module.train()
         stage, losses = self.stage, []
-        stage.synchronize()
+        self.setup.ctx.synchronize()
         stage.busy_s, t0 = 0.0, time.perf_counter()
         with self.setup.autocast():
             args = (inputs,) if stage.is_first else ()
             kwargs = {"target": self._loss_target(inputs, targets), "losses": losses} if stage.is_last else {}
             output = self.schedule.step(*args, **kwargs)
-        stage.synchronize()
+        self.setup.ctx.synchronize()
         wall_s = time.perf_counter() - t0
         self.bubble_fractions.append(metrics.bubble_fraction(stage.busy_s, wall_s))
         self.busy_s.append(stage.busy_s)
         self._gradient_bytes = self.gradient_bytes()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         if not stage.is_last:
             return StepResult(loss=None, samples=0)
         loss = torch.stack([l.detach().float() for l in losses]).mean()  # equal micro-batches
@@ -191,14 +192,13 @@ def build(opts: Options, setup) -> PipelineEngine:
     module = cut(model, resolve_split(opts.split_at, model, stages))[stage_index].to(ctx.device)
     if dp > 1:
         _data_parallel(module, mesh["dp"], opts.dp_mode)
-    stage = _timed_stage_class()(module, stage_index, stages, ctx.device, group=pp_group)
-    stage.synchronize = ctx.synchronize
+    stage = _timed_stage_class(ctx.synchronize)(module, stage_index, stages, ctx.device, group=pp_group)
     task = setup.task
     schedule_cls = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
     # scale_grads (default) divides by micro_batches: the gradient of the batch mean loss.
     schedule = schedule_cls(stage, n_microbatches=opts.micro_batches,
                             loss_fn=lambda out, target: task.loss(out, target, target))
-    return PipelineEngine(setup, module, stage, schedule, pp_group,
+    return PipelineEngine(setup, module, stage, schedule, opts.micro_batches, pp_group,
                           dp_rank=mesh.get_local_rank("dp"), dp_size=dp)
 
 
