@@ -126,17 +126,26 @@ def load(path: str | Path, overrides: list[str] = ()) -> list[Recipe]:
     if not isinstance(raw, dict):
         raise SuiteError(f"recipe {path} must be a mapping of keys (name, model, data, strategy, ...)")
     raw.setdefault("name", path.stem)
-    for item in overrides:
+    # Switching model/data/strategy by name starts that section afresh (its old keys belong to
+    # the old choice); so name overrides go first and the section's other overrides apply after.
+    for item in sorted(overrides, key=lambda o: o.split("=", 1)[0] not in _NAME_KEYS):
         apply_override(raw, item)
     return [validate(point) for point in expand_sweep(raw)]
+
+
+_NAME_KEYS = ("model.name", "data.name", "strategy.name")
 
 
 def apply_override(raw: dict, item: str) -> None:
     if "=" not in item:
         raise SuiteError(f"override {item!r} must look like key.path=value (e.g. training.epochs=3)")
     key, _, text = item.partition("=")
+    key = key.strip()
     value = yaml.safe_load(text) if text else None
-    set_path(raw, key.strip(), value)
+    section = key.split(".")[0]
+    if key in _NAME_KEYS and isinstance(raw.get(section), dict) and raw[section].get("name") != value:
+        raw[section] = {}
+    set_path(raw, key, value)
 
 
 def set_path(raw: dict, key: str, value) -> None:

@@ -41,3 +41,11 @@ def test_micro_batch_is_global_batch_over_data_parallel_ranks_and_accumulation(t
 def test_a_malformed_override_is_refused(tmp_path):
     with pytest.raises(SuiteError, match="must look like key.path=value"):
         recipes.load(write(tmp_path, BASE), ["training.epochs"])
+
+
+def test_switching_a_section_by_name_drops_the_old_choice_s_keys(tmp_path):
+    text = "model: {name: mlp, hidden: [8]}\ndata: {name: digits, val_fraction: 0.3}\nstrategy: {name: single}\n"
+    (r,) = recipes.load(write(tmp_path, text), ["data.n_train=100", "data.name=synthetic", "model.name=cnn"])
+    assert (r.data.name, r.data.n_train, r.model.name) == ("synthetic", 100, "cnn")
+    (same,) = recipes.load(write(tmp_path, text), ["model.name=mlp"])  # same name: keys stay
+    assert same.model.hidden == [8]

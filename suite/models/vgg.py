@@ -8,7 +8,6 @@ from typing import Literal
 
 from pydantic import PositiveFloat, PositiveInt
 from torch import nn
-from torchvision.models.vgg import cfgs, make_layers
 
 from suite.errors import SuiteError
 from suite.models.base import ModelOptions
@@ -25,6 +24,8 @@ OPTIONS = [VGG11]
 
 
 def build(opts: VGG11, spec) -> nn.Sequential:
+    from torchvision.models.vgg import cfgs, make_layers  # ~2 s to import: only when a VGG is built
+
     channels, height, width = spec.input_shape
     if min(height, width) < 32:
         raise SuiteError(f"model vgg11 needs images of at least 32x32 (it pools 5 times); data "
