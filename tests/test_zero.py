@@ -12,7 +12,9 @@ from suite.errors import SuiteError
 from suite.estimate import parameter_count, predicted_held_bytes
 from suite.strategies import _deepspeed
 from suite.tracking import read_json
+from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.roundtrip import continued_and_resumed
 
 _deepspeed.preload()  # once here, not once per forked rank (~7 s each)
 
@@ -84,6 +86,15 @@ def test_bf16_trains_close_to_fp32(adam_baseline, tmp_path):
                                      training=training(precision="bf16")), tmp_path)
     assert max(abs(a - b) for a, b in zip(losses, adam_baseline)) < 0.02
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("strategy", [zero(stage=0), zero(stage=2), zero(stage=3, offload_optimizer=True)],
+                         ids=["stage0", "stage2", "stage3-offload"])
+def test_state_dict_resumes_exactly(strategy):
+    """Each rank saves its own shard; a fresh engine loaded from it continues bit for bit."""
+    recipe = make_recipe(strategy, world_size=WORLD, optimizer=ADAM)
+    for continued, resumed in run_ranks(continued_and_resumed, WORLD, recipe):
+        assert resumed == continued
 
 
 # ---- bytes held per rank ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ["single", "ddp", "allreduce", "fsdp", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero"]
+_MODULES = ["single", "ddp", "allreduce", "fsdp", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline"]
 STRATEGIES = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.strategies.{_m}")

@@ -1,5 +1,6 @@
 """What the DeepSpeed strategies (zero, ds_pipeline) share: start-up, the config written from the
-recipe, validation of expert pass-through keys, and the bytes a rank holds.
+recipe, validation of expert pass-through keys, the engine base (casting, per-rank state) and
+the bytes a rank holds.
 
 Not a strategy itself (not in ``_MODULES``). DeepSpeed is imported only inside functions here,
 so reading a recipe without a ``strategy.config`` block never imports it.
@@ -12,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from suite.engine import Engine
 from suite.errors import SuiteError
 
 # DeepSpeed keys the recipe decides; setting them in strategy.config would let the two disagree.
@@ -189,8 +191,10 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def start(ctx):
+def start(ctx, precision: str, strategy: str):
     """Import DeepSpeed and make it reuse the process group ``suite.dist`` created."""
+    if precision == "fp16" and ctx.device.type == "cpu":
+        raise SuiteError(f"training.precision=fp16 with strategy {strategy} needs a GPU; use bf16 or fp32 on CPU")
     if ctx.device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else it probes and warns
     os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))  # without it DeepSpeed tries MPI
@@ -210,6 +214,39 @@ def record_config(setup, config: dict) -> None:
     """Write the config DeepSpeed runs with to the run folder (rank 0)."""
     if setup.run_dir and setup.ctx.is_main:
         Path(setup.run_dir, "deepspeed_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+class DeepSpeedEngine(Engine):
+    """What the zero and ds_pipeline engines share: the DeepSpeed engine, input casting, and
+    per-rank state (loads at the same world size and stage)."""
+
+    def __init__(self, setup, ds_engine, zero_stage: int, dp_rank: int, dp_size: int):
+        import torch
+
+        self.setup, self.ds, self.zero_stage = setup, ds_engine, zero_stage
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        # DeepSpeed's bf16/fp16 modes keep the module in half precision: inputs must match.
+        self._input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision)
+
+    def cast(self, x):
+        return x.to(self._input_dtype) if self._input_dtype and x.is_floating_point() else x
+
+    def state_dict(self) -> dict:
+        # ZeRO-3's module holds only placeholders: its weights come back from the fp32 partitions.
+        model = self.ds.module.state_dict() if self.zero_stage < 3 else None
+        return {"model": model, "optimizer": self.ds.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("model") is not None:
+            self.ds.module.load_state_dict(state["model"])
+        if self.zero_stage == 0:
+            self.ds.optimizer.load_state_dict(state["optimizer"])
+            return
+        # ZeRO optimizers take a list over data-parallel ranks and read their own entry; their
+        # fp32 partitions are the master weights, from which the module's parameters are refreshed.
+        states = [None] * self.dp_size
+        states[self.dp_rank] = state["optimizer"]
+        self.ds.optimizer.load_state_dict(states, load_from_fp32_weights=True)
 
 
 def held_bytes(engine, params, gradient_bytes: int) -> dict:

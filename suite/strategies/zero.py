@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from suite.engine import Engine, StepResult
+from suite.engine import StepResult
 from suite.errors import SuiteError
 from suite.strategies import _deepspeed
 from suite.strategies.base import StrategyOptions
@@ -58,19 +58,11 @@ class Options(StrategyOptions):
         return out
 
 
-class ZeroEngine(Engine):
+class ZeroEngine(_deepspeed.DeepSpeedEngine):
     def __init__(self, setup, ds_engine, stage: int):
-        self.setup = setup
-        self.ds = ds_engine
-        self.stage = stage
-        self.dp_rank, self.dp_size = setup.ctx.rank, setup.ctx.world_size
+        super().__init__(setup, ds_engine, stage, dp_rank=setup.ctx.rank, dp_size=setup.ctx.world_size)
         self._params = list(ds_engine.module.parameters())
         self._gradient_bytes = 0
-        # DeepSpeed's bf16/fp16 modes keep the module in half precision: inputs must match.
-        self._input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision)
-
-    def _cast(self, x):
-        return x.to(self._input_dtype) if self._input_dtype and x.is_floating_point() else x
 
     def train_step(self, inputs, targets) -> StepResult:
         self.ds.train()
@@ -78,7 +70,7 @@ class ZeroEngine(Engine):
         total = torch.zeros((), device=inputs.device)
         correct = torch.zeros((), device=inputs.device)
         for i, (x, y) in enumerate(chunks):
-            out = self.ds(self._cast(x))
+            out = self.ds(self.cast(x))
             loss = self.setup.task.loss(out, x, y)
             self.ds.backward(loss)  # scales by 1/accumulation itself
             if i == len(chunks) - 1:
@@ -91,32 +83,16 @@ class ZeroEngine(Engine):
     @torch.no_grad()
     def eval_step(self, inputs, targets):
         self.ds.eval()
-        out = self.ds(self._cast(inputs))
+        out = self.ds(self.cast(inputs))
         return self.setup.task.evaluate(out, inputs, targets)
 
     def held_bytes(self) -> dict:
         return _deepspeed.held_bytes(self.ds, self._params, self._gradient_bytes)
 
-    def state_dict(self) -> dict:
-        """This rank's shard: module weights (stages 0-2: whole; ZeRO-3 restores them from the
-        fp32 partitions) and DeepSpeed's optimizer state. Loads at the same world size and stage."""
-        model = self.ds.module.state_dict() if self.stage < 3 else None
-        return {"model": model, "optimizer": self.ds.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("model") is not None:
-            self.ds.module.load_state_dict(state["model"])
-        if self.stage == 0:
-            self.ds.optimizer.load_state_dict(state["optimizer"])
-        else:  # the fp32 partitions are the master weights: the module is refreshed from them
-            self.ds.optimizer.load_state_dict([state["optimizer"]], load_from_fp32_weights=True)
-
 
 def build(opts: Options, setup) -> ZeroEngine:
     ctx = setup.ctx
-    if setup.precision == "fp16" and ctx.device.type == "cpu":
-        raise SuiteError("training.precision=fp16 with strategy zero needs a GPU; use bf16 or fp32 on CPU")
-    deepspeed = _deepspeed.start(ctx)
+    deepspeed = _deepspeed.start(ctx, setup.precision, "zero")
     config = _deepspeed.make_config(
         micro_batch=setup.micro_batch_size, accumulation=setup.grad_accumulation, dp=ctx.world_size,
         precision=setup.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,

@@ -1,0 +1,159 @@
+"""DeepSpeed's pipeline engine: the model's top-level blocks are split into ``stages`` (a
+``PipelineModule``), each rank's batch into ``micro_batches`` that flow through the stages on
+DeepSpeed's 1F1B schedule (``engine.train_batch``). With more ranks than stages, the pipeline
+is replicated: data parallel degree = world size / stages, gradients averaged over replicas.
+
+The loss exists only on the last stage, which reports it; other stages report none (the loop's
+sample-weighted global loss stays exact). ZeRO stage 0 or 1 only: DeepSpeed refuses 2 and 3.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import PositiveInt
+
+from suite.engine import StepResult
+from suite.errors import SuiteError
+from suite.parallel_dims import resolve
+from suite.strategies import _deepspeed
+from suite.strategies.base import StrategyOptions
+
+
+class Options(StrategyOptions):
+    name: Literal["ds_pipeline"] = "ds_pipeline"
+    stages: PositiveInt = 2
+    micro_batches: PositiveInt = 4  # per rank and optimizer step: DeepSpeed's gradient_accumulation_steps
+    partition: Literal["parameters", "uniform"] = "parameters"  # balance stages by parameters or by blocks
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    config: dict[str, Any] = {}  # extra DeepSpeed config keys (expert use), e.g. {pipeline: {...}}
+
+    def degrees(self, world_size: int) -> dict:
+        # DeepSpeed's PipeDataParallelTopology: pipeline stages outer, data parallel inner.
+        return resolve("ds_pipeline", world_size, {"strategy.stages": self.stages, "data_parallel": None})
+
+    def dp_size(self, world_size: int) -> int:
+        return self.degrees(world_size)["data_parallel"]
+
+    def check(self, recipe) -> None:
+        if self.zero_stage >= 2:
+            raise SuiteError(f"strategy.zero_stage={self.zero_stage}: DeepSpeed's pipeline engine takes ZeRO stage "
+                             f"0 or 1 only (it runs each stage's backward itself, outside the hooks with which ZeRO-2/3 "
+                             f"partition gradients and gather parameters); use zero_stage 0 or 1, or strategy zero")
+        dp = self.dp_size(recipe.world_size)
+        tr = recipe.training
+        if tr.grad_accumulation != 1:
+            raise SuiteError(f"training.grad_accumulation={tr.grad_accumulation}: strategy ds_pipeline accumulates "
+                             f"over strategy.micro_batches={self.micro_batches}; leave training.grad_accumulation at 1")
+        if tr.batch_size % (dp * self.micro_batches):
+            raise SuiteError(f"training.batch_size={tr.batch_size} must divide into {dp} data-parallel rank(s) x "
+                             f"strategy.micro_batches={self.micro_batches}; use a multiple of {dp * self.micro_batches}")
+        blocks = len(list(_meta_model(recipe).children()))
+        if blocks < self.stages:
+            raise SuiteError(f"strategy.stages={self.stages} but model {recipe.model.name} has {blocks} top-level "
+                             f"blocks to split; use at most {blocks} stages")
+        _deepspeed.refuse_fp16_on_cpu(recipe)
+        config = _config(self, tr.batch_size // dp, dp, tr.precision)
+        if self.config:
+            _deepspeed.check_config(config, self.config)
+
+    def held_fraction(self, total: dict, world_size: int) -> dict:
+        """About 1/stages of everything per rank (exact only for perfectly balanced stages); ZeRO-1
+        also splits the optimizer state (with its fp32 master copy) over the data-parallel ranks."""
+        dp = self.dp_size(world_size)
+        out = {k: v / self.stages for k, v in total.items()}
+        if self.zero_stage == 1:
+            out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / self.stages / dp
+        return out
+
+
+def _meta_model(recipe):
+    from suite.models import build as build_model
+
+    with torch.device("meta"):
+        return build_model(recipe.model, recipe.data.spec())
+
+
+def _config(opts: Options, rank_batch: int, dp: int, precision: str) -> dict:
+    return _deepspeed.make_config(micro_batch=rank_batch // opts.micro_batches, accumulation=opts.micro_batches,
+                                  dp=dp, precision=precision, stage=opts.zero_stage, extra=opts.config)
+
+
+class PipelineEngine(_deepspeed.DeepSpeedEngine):
+    def __init__(self, setup, ds_engine, micro_batches: int, zero_stage: int):
+        super().__init__(setup, ds_engine, zero_stage, dp_rank=ds_engine.grid.get_data_parallel_rank(),
+                         dp_size=ds_engine.grid.get_data_parallel_world_size())
+        self.micro_batches = micro_batches
+        self.last_stage = ds_engine.is_last_stage()
+        self._shape = None
+        self._correct = torch.zeros(())
+        self._eval_sums = None
+        self._gradient_bytes = 0
+        ds_engine.module.loss_fn = self._loss
+        inner = getattr(ds_engine.optimizer, "optimizer", ds_engine.optimizer)
+        inner.register_step_pre_hook(lambda *_: self._measure_gradients())
+
+    def _loss(self, output, labels):
+        """Called by DeepSpeed on the last stage, once per micro-batch."""
+        task = self.setup.task
+        if self._eval_sums is not None:
+            self._eval_sums += task.evaluate(output, labels, labels).to(self._eval_sums.device)
+        else:
+            self._correct += task.correct(output, labels).to(self._correct.device)
+        # Reconstruction models are fed (x, x): the labels are the inputs.
+        return task.loss(output, labels, labels)
+
+    def _batches(self, inputs, targets, parts: int):
+        labels = inputs if self.setup.task.kind == "reconstruction" else targets
+        chunks = list(zip(self.cast(inputs).chunk(parts), labels.chunk(parts)))
+        shape = tuple(chunks[0][0].shape)
+        if shape != self._shape:  # DeepSpeed caches activation shapes between stages
+            self.ds.reset_activation_shape()
+            self._shape = shape
+        return iter(chunks)
+
+    def train_step(self, inputs, targets) -> StepResult:
+        self._correct = torch.zeros((), device=inputs.device)
+        self.ds.train_batch(self._batches(inputs, targets, self.micro_batches))
+        if not self.last_stage:
+            return StepResult(loss=None, samples=0)
+        # dp_group_loss: this replica's mean over its micro-batches (train_batch returns the dp mean)
+        return StepResult(loss=self.ds.dp_group_loss.float(), samples=len(inputs), correct=self._correct)
+
+    @torch.no_grad()
+    def eval_step(self, inputs, targets):
+        self._eval_sums = torch.zeros(3, device=inputs.device)
+        try:
+            self.ds.eval_batch(self._batches(inputs, targets, 1), num_micro_batches=1, bcast_loss=False)
+            return self._eval_sums if self.last_stage else None
+        finally:
+            self._eval_sums = None
+
+    def _measure_gradients(self) -> None:
+        params = list(self.ds.module.parameters())
+        inner = getattr(self.ds.optimizer, "optimizer", self.ds.optimizer)
+        params += [p for group in inner.param_groups for p in group["params"]]
+        self._gradient_bytes = _deepspeed._storage_bytes([p.grad for p in params if p.grad is not None])
+
+    def held_bytes(self) -> dict:
+        return _deepspeed.held_bytes(self.ds, self.ds.module.parameters(), self._gradient_bytes)
+
+
+def build(opts: Options, setup) -> PipelineEngine:
+    ctx = setup.ctx
+    deepspeed = _deepspeed.start(ctx, setup.precision, "ds_pipeline")
+    from deepspeed.pipe import PipelineModule
+
+    dp = opts.dp_size(ctx.world_size)
+    config = _config(opts, setup.micro_batch_size * setup.grad_accumulation, dp, setup.precision)
+    _deepspeed.record_config(setup, config)
+    layers = list(setup.build_model().children())  # same weights as the baseline on every rank
+    pipe = PipelineModule(layers=layers, num_stages=opts.stages, partition_method=opts.partition,
+                          loss_fn=lambda *_: None)  # replaced by the engine's loss
+    for i, layer in enumerate(layers):
+        if not pipe._local_start <= i < pipe._local_stop:
+            layer.to("meta")  # another stage's block: PipelineModule keeps a reference; free its memory
+    pipe.to(ctx.device)
+    optimizer = setup.make_optimizer([p for p in pipe.parameters() if p.requires_grad])
+    ds_engine, *_ = deepspeed.initialize(model=pipe, optimizer=optimizer, config=config)
+    return PipelineEngine(setup, ds_engine, opts.micro_batches, opts.zero_stage)
