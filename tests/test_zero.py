@@ -55,9 +55,8 @@ def test_stage_matches_single_process(stage, stage_runs, adam_baseline):
 @pytest.mark.parametrize("strategy, changes", [
     (zero(stage=1), {"training": training(grad_accumulation=2)}),
     (zero(stage=3), {"training": training(grad_accumulation=2)}),
-    (zero(stage=2, offload_optimizer=True), {}),
-    (zero(stage=3, offload_optimizer=True, offload_parameters=True), {}),
-], ids=["stage1-accumulation2", "stage3-accumulation2", "stage2-offload", "stage3-offload-all"])
+    (zero(stage=2, offload_optimizer=True), {}),  # stage 3 with all offloaded: test_no_cpp_op_is_compiled
+], ids=["stage1-accumulation2", "stage3-accumulation2", "stage2-offload"])
 def test_accumulation_and_offload_match_single_process(strategy, changes, adam_baseline, tmp_path):
     recipe = make_recipe(strategy, world_size=WORLD, optimizer=ADAM, **changes)
     assert_matches(step_losses(recipe, tmp_path), adam_baseline)
@@ -86,6 +85,19 @@ def test_bf16_trains_close_to_fp32(adam_baseline, tmp_path):
                                      training=training(precision="bf16")), tmp_path)
     assert max(abs(a - b) for a, b in zip(losses, adam_baseline)) < 0.02
     assert losses[-1] < losses[0]
+
+
+def test_no_cpp_op_is_compiled(monkeypatch, adam_baseline, tmp_path):
+    """Start-up skips the shared-memory collective op; the torch optimizer needs no CPUAdam."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    def refuse(self, verbose=True):
+        raise AssertionError(f"DeepSpeed compiled its C++ op {self.name}")
+
+    monkeypatch.setattr(OpBuilder, "jit_load", refuse)
+    recipe = make_recipe(zero(stage=3, offload_optimizer=True, offload_parameters=True), world_size=WORLD,
+                         optimizer=ADAM)
+    assert_matches(step_losses(recipe, tmp_path), adam_baseline)
 
 
 @pytest.mark.parametrize("strategy", [zero(stage=0), zero(stage=2), zero(stage=3, offload_optimizer=True)],

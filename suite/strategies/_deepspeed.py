@@ -203,11 +203,33 @@ def start(ctx, precision: str, strategy: str):
     # on 2 cores; training does not use it. (The module must be fetched this way: the attribute
     # path deepspeed.comm.torch is the torch package.)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    _announce_op_builds()
     deepspeed.init_distributed(dist_backend=ctx.backend, auto_mpi_discovery=False)
     import torch.distributed as dist
     from deepspeed import comm
     assert comm.get_world_size() == dist.get_world_size(), "DeepSpeed did not join the suite's process group"
     return deepspeed
+
+
+def _announce_op_builds() -> None:
+    """Say once per op when DeepSpeed compiles one of its C++ ops at run time (minutes on a few
+    cores) and where the result is cached. The suite's own paths need none; expert config may."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    if getattr(OpBuilder.jit_load, "announces", False):
+        return
+    real, told = OpBuilder.jit_load, set()
+
+    def jit_load(self, verbose=True):
+        if self.name not in told:
+            told.add(self.name)
+            cache = os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")
+            print(f"DeepSpeed op {self.name}: loading, compiled on first use (can take minutes), then "
+                  f"cached in {cache} (set TORCH_EXTENSIONS_DIR to keep it elsewhere)", flush=True)
+        return real(self, verbose)
+
+    jit_load.announces = True
+    OpBuilder.jit_load = jit_load
 
 
 def record_config(setup, config: dict) -> None:
