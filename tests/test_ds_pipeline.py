@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from suite.errors import SuiteError
+from suite.estimate import parameter_count
 from suite.strategies import _deepspeed
 from suite.tracking import read_json, read_metrics
 from tests.harness import run_ranks
@@ -43,6 +44,16 @@ def test_only_the_last_stage_reports_the_loss_and_evaluation_matches(baseline, t
     mine, single = read_json(tmp_path / "summary.json")["final"], baseline[1]["final"]
     for key in ("val_loss", "val_accuracy", "train_accuracy"):
         assert abs(mine[key] - single[key]) <= 1e-5, (key, mine, single)
+
+
+def test_each_stage_holds_only_its_own_blocks(tmp_path):
+    recipe = make_recipe(PIPE, world_size=2)
+    step_losses(recipe, tmp_path)
+    ranks = [r["held_bytes"] for r in read_json(tmp_path / "summary.json")["ranks"]]
+    total = 4 * parameter_count(recipe)
+    assert all(0 < r["parameters"] < total for r in ranks)
+    for key in ("parameters", "gradients", "optimizer_state"):  # SGD momentum: one state per parameter
+        assert sum(r[key] for r in ranks) == total, (key, ranks)
 
 
 def test_vgg11_split_in_two_matches_single_process(tmp_path_factory):

@@ -117,9 +117,9 @@ class _ReadLog(dict):
         return _ReadLog(self, reads=self.reads)
 
     def unread(self, path=()):
-        """Paths of keys never looked up. A block none of whose keys was looked up one by one was
-        consumed whole (``**block`` into one of DeepSpeed's pydantic configs, which forbid unknown
-        keys themselves), so it is not reported."""
+        """Paths of keys never looked up. A block none of whose keys was looked up was taken whole
+        (e.g. ``pipeline``, copied item by item; ``scheduler.params``, read later by the scheduler),
+        so DeepSpeed's parse cannot judge its keys: it is not reported."""
         if path and not self.reads:
             return []
         out = []
@@ -300,10 +300,10 @@ def gradient_bytes(engine, params) -> int:
     flat = getattr(wrapper, "grad_partitions_flat_buffer", None)
     if isinstance(flat, torch.Tensor):
         tensors.append(flat)
-    return _storage_bytes(tensors)
+    return distinct_bytes(tensors)
 
 
-def _storage_bytes(tensors) -> int:
+def distinct_bytes(tensors) -> int:
     """Bytes of the distinct memory behind ``tensors`` (a view counts as its own extent)."""
     spans = {}
     for t in tensors:

@@ -133,7 +133,7 @@ class PipelineEngine(_deepspeed.DeepSpeedEngine):
         params = list(self.ds.module.parameters())
         inner = getattr(self.ds.optimizer, "optimizer", self.ds.optimizer)
         params += [p for group in inner.param_groups for p in group["params"]]
-        self._gradient_bytes = _deepspeed._storage_bytes([p.grad for p in params if p.grad is not None])
+        self._gradient_bytes = _deepspeed.distinct_bytes([p.grad for p in params if p.grad is not None])
 
     def held_bytes(self) -> dict:
         return _deepspeed.held_bytes(self.ds, self.ds.module.parameters(), self._gradient_bytes)
