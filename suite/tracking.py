@@ -41,6 +41,9 @@ class MetricsLog:
             sink.log(record)
 
     def close(self) -> None:
+        sampler = getattr(self, "utilisation", None)  # set by suite.measures.open_log
+        if sampler is not None:
+            sampler.stop()  # before the file closes: it writes through this log
         os.close(self._fd)
         for sink in self.sinks:
             sink.close()

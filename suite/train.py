@@ -123,6 +123,7 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     printer = (lambda rec: print(epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
+        _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started)
     except checkpoint.Preempted:
         if ctx.is_main:
             _mark_preempted(run_dir, loop)
@@ -130,9 +131,9 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     except BaseException:
         loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
         raise
-    _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started)
-    log.close()
-    engine.close()
+    finally:
+        log.close()  # also on failure: W&B runs finish, the sampler stops
+        engine.close()
 
 
 def _mark_preempted(run_dir, loop) -> None:
