@@ -78,6 +78,14 @@ class Watch:
         self.progress.show()
         error = first_error(self.run_dir) or _submitit_error(self.job)
         job = f"job {self.job.job_id}"
+        silent = _silent_ranks(self.job, self.run_dir) if error and not self.cancelled_by_us else []
+        if silent:  # a rank vanished (killed, out of memory); its peers' errors only echo that
+            rank = silent[0]
+            line = (f"rank {rank} died without a Python error (killed by a signal or the OOM killer?); "
+                    f"its peers then failed: rank {error[0]}: {error[1]}")
+            _mark(self.run_dir, "failed", error=line, failed_rank=rank, job_id=self.job.job_id)
+            raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {line} "
+                            f"(rank {rank}'s log: {self.job.task(rank).paths.stderr})")
         if error:
             rank, line, path = error
             _mark(self.run_dir, "failed", error=line, failed_rank=rank, job_id=self.job.job_id)
@@ -118,6 +126,13 @@ def first_error(run_dir: Path):
         return None
     _, rank, message, path = min(found)
     return rank, message, path
+
+
+def _silent_ranks(job, run_dir: Path) -> list[int]:
+    """Ranks that left neither an error record nor a submitit result: they were killed."""
+    recorded = {int(p.stem[4:]) for p in (Path(run_dir) / "errors").glob("rank*.txt")}
+    return [k for k in range(job.num_tasks)
+            if k not in recorded and not job.task(k).paths.result_pickle.exists()]
 
 
 def _submitit_error(job):

@@ -3,6 +3,7 @@ evaluation, and checkpoints (periodic, and on preemption) from which a run resum
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -181,7 +182,10 @@ class _EpochSums:
 
 
 def _maybe_fail(rank: int, step: int) -> None:
-    """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP."""
-    spec = os.environ.get("SCALESUITE_FAIL_AT")
-    if spec and spec == f"{rank}:{step}":
+    """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP raises there,
+    RANK:STEP:kill kills the process (SIGKILL: no Python error, as with the OOM killer)."""
+    spec = os.environ.get("SCALESUITE_FAIL_AT", "")
+    if spec.startswith(f"{rank}:{step}") and spec.split(":")[:2] == [str(rank), str(step)]:
+        if spec.endswith(":kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")

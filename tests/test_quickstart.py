@@ -55,3 +55,13 @@ def test_a_rank_that_raises_fails_the_job_promptly_with_its_error(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_rank"] == 1
     assert len(read_metrics(run_dir, kind="step", rank=0)) >= 4  # what was logged is kept
+
+
+def test_a_rank_that_is_killed_is_named_as_the_cause_not_its_peers(tmp_path):
+    started = time.time()
+    proc = submit(tmp_path, "training.epochs=50", env={"SCALESUITE_FAIL_AT": "1:5:kill"}, timeout=120)
+    assert proc.returncode == 1
+    assert "rank 1 died without a Python error" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert time.time() - started < 90
+    assert json.loads((only_run(tmp_path) / "summary.json").read_text())["failed_rank"] == 1
