@@ -129,8 +129,12 @@ def _read_metrics(run: Run) -> int:
         target = by_kind.get(rec.get("kind")) if isinstance(rec, dict) else None
         if target is not None:
             target.setdefault(int(rec.get("rank", 0)), []).append(rec)
-    for rank, steps in run.steps.items():
-        steps.sort(key=lambda s: s.get("step", 0))
+    for store, key in ((run.steps, "step"), (run.epochs, "epoch")):
+        for rank, records in store.items():
+            latest = {}
+            for rec in records:  # a resumed run logs again from its checkpoint: the later attempt wins
+                latest[rec.get(key, 0)] = rec
+            store[rank] = [latest[k] for k in sorted(latest)]
     return torn
 
 

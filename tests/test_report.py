@@ -137,3 +137,19 @@ def test_verdict_rule():
     assert tables.verdict("time", [1.2], [1.0])[0] == "worse"
     # repeats widen the band: 2 x the standard error of the difference
     assert tables.verdict("time", [1.0, 1.4], [1.0, 1.0])[0] == "unchanged"
+
+
+def test_a_resumed_run_counts_each_step_once_the_later_attempt_winning(runs, tmp_path):
+    from analysis.runs import Run, load
+
+    _, single, _ = runs
+    resumed = tmp_path / "resumed"
+    shutil.copytree(single, resumed)
+    lines = (resumed / "metrics.jsonl").read_text().splitlines()
+    first_attempt = [json.dumps({**json.loads(ln), "attempt": 0, "global_loss": 99.0}) for ln in lines
+                     if json.loads(ln)["kind"] == "step" and json.loads(ln)["step"] >= 2]
+    (resumed / "metrics.jsonl").write_text("\n".join(first_attempt + lines) + "\n")
+    run = load(resumed)
+    assert isinstance(run, Run), run
+    assert len(run.steps[0]) == read_json(resumed / "summary.json")["steps"]
+    assert all(s["global_loss"] != 99.0 for s in run.steps[0])
