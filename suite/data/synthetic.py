@@ -1,10 +1,12 @@
-"""Synthetic data, deterministic from its seed: Gaussian inputs labelled by a random linear teacher,
-so a model can learn it (accuracy well above chance) and every rank and run sees the same samples."""
+"""Synthetic data, deterministic from its seed: each class has a smooth random prototype and a sample
+is its class's prototype plus Gaussian noise, so MLPs and CNNs alike can learn it (accuracy well
+above chance) and every rank and run sees the same samples."""
 from typing import Literal
 
 import math
 import torch
-from pydantic import PositiveInt
+import torch.nn.functional as F
+from pydantic import PositiveInt, confloat
 from torch.utils.data import TensorDataset
 
 from suite.data import DataSpec
@@ -17,6 +19,7 @@ class Synthetic(DataOptions):
     classes: PositiveInt = 10
     n_train: PositiveInt = 2048
     n_val: PositiveInt = 512
+    noise: confloat(ge=0) = 1.0  # standard deviation of the noise around each class's prototype
     seed: int = 0
 
     def spec(self) -> DataSpec:
@@ -25,12 +28,20 @@ class Synthetic(DataOptions):
     def load(self):
         g = torch.Generator().manual_seed(self.seed)
         n = self.n_train + self.n_val
-        x = torch.randn(n, *self.shape, generator=g)
-        teacher = torch.randn(math.prod(self.shape), self.classes, generator=g)
-        y = (x.flatten(1) @ teacher).argmax(1)
+        y = torch.randint(0, self.classes, (n,), generator=g)
+        x = self._prototypes(g)[y] + self.noise * torch.randn(n, *self.shape, generator=g)
         train = TensorDataset(x[: self.n_train], y[: self.n_train])
         val = TensorDataset(x[self.n_train:], y[self.n_train:])
         return self.limited(train, val)
+
+    def _prototypes(self, g) -> torch.Tensor:
+        """One pattern per class, smooth over the last two axes (4x4 noise upsampled): what a
+        convolution can pick up as readily as a linear layer."""
+        if len(self.shape) < 3:
+            return torch.randn(self.classes, *self.shape, generator=g)
+        coarse = torch.randn(self.classes, math.prod(self.shape[:-2]), 4, 4, generator=g)
+        fine = F.interpolate(coarse, size=tuple(self.shape[-2:]), mode="bilinear", align_corners=False)
+        return fine.reshape(self.classes, *self.shape)
 
 
 OPTIONS = [Synthetic]
