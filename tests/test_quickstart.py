@@ -65,3 +65,13 @@ def test_a_rank_that_is_killed_is_named_as_the_cause_not_its_peers(tmp_path):
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert time.time() - started < 90
     assert json.loads((only_run(tmp_path) / "summary.json").read_text())["failed_rank"] == 1
+
+
+def test_torchrun_runs_the_same_loop_and_takes_its_world_size(tmp_path):
+    proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node", "2", "-m", "suite.train",
+                           "recipes/quickstart.yaml", "launch.tasks_per_node=1", "training.epochs=1",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["dp_size"] == 2
