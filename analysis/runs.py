@@ -144,9 +144,11 @@ def load_all(paths) -> tuple[list[Run], list[Skipped]]:
     for d in find_run_dirs(paths):
         item = load(d)
         (runs if isinstance(item, Run) else skipped).append(item)
+    # Repeats of one configuration (same experiment, strategy, world size) must share the recipe
+    # fingerprint, which also covers strategy options; a minority fingerprint is set aside.
     groups = defaultdict(list)
     for r in runs:
-        groups[(r.summary.get("name"), r.strategy, r.world_size)].append(r)
+        groups[(r.experiment, r.strategy, r.world_size)].append(r)
     kept = []
     for (name, strategy, world), members in groups.items():
         members.sort(key=lambda r: r.run_id)
