@@ -107,9 +107,11 @@ def _run_all(points, out: Path, wait: bool) -> int:
 
 def _job_line(r) -> str:
     l = r.launch
+    micro = r.strategy.micro_batches_per_step(r.training)
+    per_micro = r.training.batch_size // (r.dp_size() * micro)
     return (f"{r.name}: {r.strategy.name} on {l.nodes} node(s) x {l.tasks_per_node} task(s) = world size "
             f"{r.world_size} ({l.executor}); global batch {r.training.batch_size} = {r.dp_size()} "
-            f"data-parallel rank(s) x {r.micro_batch_size()} x {r.training.grad_accumulation} accumulation")
+            f"data-parallel rank(s) x {micro} micro-batch(es) x {per_micro} samples")
 
 
 def _mb(n) -> str:

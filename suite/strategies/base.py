@@ -20,6 +20,11 @@ class StrategyOptions(BaseModel):
     def check(self, recipe) -> None:
         """Refuse world sizes and settings this strategy cannot run (SuiteError naming the key)."""
 
+    def micro_batches_per_step(self, training) -> int:
+        """Micro-batches each data-parallel rank splits its batch into per optimizer step:
+        a pipeline's own ``micro_batches`` option, else ``training.grad_accumulation``."""
+        return getattr(self, "micro_batches", None) or training.grad_accumulation
+
     def held_fraction(self, total: dict, world_size: int) -> dict:
         """Predicted bytes one rank holds, from the bytes of the whole model (a full replica here)."""
         return dict(total)
