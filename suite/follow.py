@@ -83,18 +83,18 @@ class Watch:
             rank = silent[0]
             line = (f"rank {rank} died without a Python error (killed by a signal or the OOM killer?); "
                     f"its peers then failed: rank {error[0]}: {error[1]}")
-            _mark(self.run_dir, "failed", error=line, failed_rank=rank, job_id=self.job.job_id)
+            tracking.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {line} "
                             f"(rank {rank}'s log: {self.job.task(rank).paths.stderr})")
         if error:
             rank, line, path = error
-            _mark(self.run_dir, "failed", error=line, failed_rank=rank, job_id=self.job.job_id)
+            tracking.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: rank {rank}: {line} "
                             f"(traceback: {path}; logs: {self.job.paths.folder})")
         summary = tracking.read_json(self.run_dir / "summary.json") if (self.run_dir / "summary.json").exists() else {}
         if summary.get("status") != "completed":
             why = f"ended as {self.state}" if self.state else "ended without completing"
-            _mark(self.run_dir, "failed", error=why, job_id=self.job.job_id)
+            tracking.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}; rank 0's log: "
                             f"{self.job.task(0).paths.stderr}")
         return summary
@@ -145,13 +145,6 @@ def _submitit_error(job):
                 last = [ln for ln in str(value).strip().splitlines() if ln.strip()][-1]
                 return task_id, last, job.task(task_id).paths.stderr
     return None
-
-
-def _mark(run_dir: Path, status: str, **fields) -> None:
-    path = run_dir / "summary.json"
-    summary = tracking.read_json(path) if path.exists() else {}
-    summary.update(status=status, **fields)
-    tracking.write_json_atomic(path, summary)
 
 
 class _Progress:

@@ -70,7 +70,7 @@ def _main(args) -> int:
 def _run_all(points, out: Path, wait: bool) -> int:
     import datetime
 
-    from suite import follow, launch, tracking
+    from suite import follow, launch
     from suite.train import new_run_dir
 
     runs = [(r, new_run_dir(r, out)) for r in points]

@@ -26,6 +26,14 @@ def read_json(path: Path):
     return json.loads(Path(path).read_text())
 
 
+def update_summary(run_dir: Path, **fields) -> None:
+    """Set fields of ``summary.json`` (created if absent), atomically."""
+    path = Path(run_dir) / "summary.json"
+    summary = read_json(path) if path.exists() else {}
+    summary.update(fields)
+    write_json_atomic(path, summary)
+
+
 class MetricsLog:
     """Appends records to ``metrics.jsonl``: one line per record, tagged with the rank."""
 

@@ -94,10 +94,9 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
 
 def _train(recipe, ctx, run_dir: Path) -> None:
     tr = recipe.training
-    started = time.time()
     if ctx.is_main:
         tracking.write_json_atomic(run_dir / "summary.json", {"status": "running", "name": recipe.name,
-                                                              "started_at": started})
+                                                              "started_at": time.time()})
     torch.manual_seed(tr.seed)
     train_set, val_set = recipe.data.load()
     setup = make_setup(recipe, ctx, run_dir)
@@ -123,10 +122,10 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     printer = (lambda rec: print(epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
-        _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started)
+        _write_summary(recipe, ctx, engine, run_dir, loop, epochs)
     except checkpoint.Preempted:
         if ctx.is_main:
-            _mark_preempted(run_dir, loop)
+            tracking.update_summary(run_dir, status="preempted", steps=loop.step, attempts=loop.attempts)
         raise
     except BaseException:
         loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
@@ -134,12 +133,6 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     finally:
         log.close()  # also on failure: W&B runs finish, the sampler stops
         engine.close()
-
-
-def _mark_preempted(run_dir, loop) -> None:
-    summary = tracking.read_json(run_dir / "summary.json")
-    summary.update(status="preempted", steps=loop.step, attempts=loop.attempts)
-    tracking.write_json_atomic(run_dir / "summary.json", summary)
 
 
 def epoch_line(rec: dict, epochs: int) -> str:
@@ -151,7 +144,7 @@ def epoch_line(rec: dict, epochs: int) -> str:
     return "  ".join(parts)
 
 
-def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started) -> None:
+def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
     mine = {"rank": ctx.rank, "peak_memory_bytes": metrics.peak_memory_bytes(ctx.device),
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics()}
@@ -183,7 +176,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, started) -> None:
         "steps": loop.step,
         "epochs": len(epochs),
         "samples": loop.samples,
-        "samples_per_s": loop.samples / loop.train_time_s if loop.train_time_s else None,
+        "samples_per_s": metrics.rate(loop.samples, loop.train_time_s),
         "tokens_per_s": metrics.tokens_per_s(loop.samples, loop.train_time_s, recipe.data.spec().tokens_per_sample),
         "step_time_s": metrics.median(r["step_time_s"] for r in ranks if r["step_time_s"] is not None),
         "epoch_time_s": [e["epoch_time_s"] for e in epochs],

@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from suite.dist import DistContext
-from suite.engine import Setup
 from suite.errors import SuiteError
 from suite.strategies import layer_split
-from suite.task import Task
 from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 from tests.roundtrip import continued_and_resumed
