@@ -1,10 +1,12 @@
-"""Find and read run records (``summary.json``, ``metrics.jsonl``, ``recipe.yaml``); never torch.
+"""Find and read run records (``summary.json``, ``metrics.jsonl``, ``recipe.yaml``) through
+``suite.record.run_record`` (the one reader of that format, torch-free); never torch.
 
 A folder may hold runs copied from several machines, at any depth. A run that cannot be
-compared is *skipped* with a reason, never a crash: no or corrupt ``summary.json``, a status
-other than completed, a missing or truncated ``metrics.jsonl``, an unreadable recipe, or a
-``recipe_fingerprint`` that differs from the other runs of its group (same recipe name,
-strategy and world size: repeats of one configuration must have trained the same thing).
+compared is *skipped* with a reason, never a crash: no, corrupt or foreign ``summary.json``, a
+status other than completed, a missing or truncated ``metrics.jsonl``, an unreadable recipe, or
+a ``recipe_fingerprint`` that differs from the other runs of its group. Groups are experiments
+(``Run.experiment``: same model, data, optimizer and training sections) x strategy x world size:
+repeats of one configuration must have trained the same thing.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from suite.record import run_record
 
 RECORD_FILES = ("summary.json", "metrics.jsonl", "recipe.yaml")
 _NEEDED = ("strategy", "model", "world_size", "global_batch", "samples_per_s", "epoch_time_s", "ranks")
@@ -80,13 +84,9 @@ def find_run_dirs(paths) -> list[Path]:
 def load(path: Path) -> Run | Skipped:
     path = Path(path)
     try:
-        summary = json.loads((path / "summary.json").read_text())
-    except FileNotFoundError:
-        return Skipped(path, "no summary.json (incomplete copy, or a run that never started)")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        return Skipped(path, f"summary.json is corrupt ({e})")
-    if not isinstance(summary, dict):
-        return Skipped(path, "summary.json is not a JSON object")
+        summary = run_record.read_summary(path)
+    except run_record.BadSummary as e:
+        return Skipped(path, str(e))
     status = summary.get("status")
     if status != "completed":
         why = f": {summary['error']}" if summary.get("error") else ""
@@ -115,27 +115,16 @@ def load(path: Path) -> Run | Skipped:
 
 def _read_metrics(run: Run) -> int:
     """Fill run.epochs/steps/utilisation from metrics.jsonl; returns the number of unreadable lines."""
-    path = run.path / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    torn = 0
+    stats = {}
     by_kind = {"epoch": run.epochs, "step": run.steps, "utilisation": run.utilisation}
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            torn += 1
-            continue
-        target = by_kind.get(rec.get("kind")) if isinstance(rec, dict) else None
+    for rec in run_record.iter_metrics(run.path, stats):
+        target = by_kind.get(rec.get("kind"))
         if target is not None:
             target.setdefault(int(rec.get("rank", 0)), []).append(rec)
     for store, key in ((run.steps, "step"), (run.epochs, "epoch")):
         for rank, records in store.items():
-            latest = {}
-            for rec in records:  # a resumed run logs again from its checkpoint: the later attempt wins
-                latest[rec.get(key, 0)] = rec
-            store[rank] = [latest[k] for k in sorted(latest)]
-    return torn
+            store[rank] = run_record.latest_per_key(records, key)
+    return stats.get("torn", 0)
 
 
 def load_all(paths) -> tuple[list[Run], list[Skipped]]:

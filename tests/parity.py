@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from suite import recipe as recipes
-from suite import train
-from suite.tracking import read_metrics
+from suite.train import rank as train_rank
+from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
 
 TOLERANCE = 1e-5  # fp32, absolute, per step
@@ -31,7 +31,7 @@ def make_recipe(strategy: dict, world_size: int = 1, **sections) -> recipes.Reci
 def step_losses(recipe, run_dir: Path, timeout_s: float = 240) -> list[float]:
     """Run the recipe on forked ranks; the global loss of each step, as the run record has it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_ranks(train.run, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
+    run_ranks(train_rank.run, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
     steps = read_metrics(run_dir, kind="step", rank=0)
     return [s["global_loss"] for s in sorted(steps, key=lambda s: s["step"])]
 

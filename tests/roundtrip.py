@@ -6,7 +6,8 @@ import io
 
 import torch
 
-from suite import dist as sdist, strategies, train
+from suite import strategies
+from suite.train import dist as sdist, rank as train_rank
 
 
 def _steps(engine, x, y, n) -> list:
@@ -21,7 +22,7 @@ def continued_and_resumed(recipe, steps: int = 3):
     """(losses of the engine that kept going, losses of a fresh engine loaded from its state)."""
     ctx = sdist.init("cpu")
     try:
-        setup = train.make_setup(recipe, ctx)
+        setup = train_rank.make_setup(recipe, ctx)
         data, _ = recipe.data.load()
         n = recipe.training.batch_size // recipe.dp_size()
         x, y = data.tensors[0][ctx.rank * n:(ctx.rank + 1) * n], data.tensors[1][ctx.rank * n:(ctx.rank + 1) * n]

@@ -9,7 +9,7 @@ import pytest
 from suite.errors import SuiteError
 from suite.estimate import parameter_count
 from suite.strategies import _deepspeed
-from suite.tracking import read_json, read_metrics
+from suite.record.run_record import read_json, read_metrics
 from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 from tests.roundtrip import continued_and_resumed

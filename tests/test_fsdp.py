@@ -7,7 +7,7 @@ import pytest
 from suite.errors import SuiteError
 from suite.estimate import predicted_held_bytes
 from suite.strategies import fsdp
-from suite.tracking import read_json
+from suite.record.run_record import read_json
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 
 

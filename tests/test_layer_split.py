@@ -4,7 +4,7 @@ every hop moves the activations."""
 import pytest
 import torch
 
-from suite.dist import DistContext
+from suite.train.dist import DistContext
 from suite.errors import SuiteError
 from suite.strategies import layer_split
 from tests.harness import run_ranks
@@ -40,7 +40,7 @@ def test_mp_ddp_with_gradient_accumulation_matches_single_process(baseline, tmp_
 def _engine_on(devices, split_at=None):
     recipe = make_recipe({"name": "layer_split", "split_at": split_at}, **TWO_DEVICES)
     ctx = DistContext(0, 1, 0, 1, torch.device(devices[0]), "gloo", tuple(torch.device(d) for d in devices))
-    from suite.train import make_setup
+    from suite.train.rank import make_setup
     setup = make_setup(recipe, ctx)
     return layer_split.build(recipe.strategy, setup)
 

@@ -10,7 +10,7 @@ import pytest
 from suite.errors import SuiteError
 from suite.strategies.pipeline import bubble_formula
 from suite.strategies.splitting import balanced_split
-from suite.tracking import read_metrics
+from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 from tests.roundtrip import continued_and_resumed

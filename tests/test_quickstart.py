@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from suite.tracking import read_metrics
+from suite.record.run_record import read_metrics
 
 
 def submit(tmp_path, *args, env=None, timeout=240):

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from suite import submit
+from suite.submit import cli as submit
 
 QUICKSTART = "recipes/quickstart.yaml"
 

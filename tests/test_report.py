@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from analysis import render, tables
-from suite import train
-from suite.tracking import read_json, read_metrics
+from suite.train import rank as train_rank
+from suite.record.run_record import read_json, read_metrics
 from tests.parity import make_recipe, step_losses
 
 SMALL = {"data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 128, "n_val": 64},
@@ -21,7 +21,7 @@ SMALL = {"data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_tra
 
 def _run(strategy, world, out):
     recipe = make_recipe({"name": strategy}, world, **SMALL)
-    run_dir = train.new_run_dir(recipe, out)
+    run_dir = train_rank.new_run_dir(recipe, out)
     step_losses(recipe, run_dir)
     return run_dir
 

@@ -5,9 +5,9 @@ import signal
 
 import pytest
 
-from suite import checkpoint, train
+from suite.train import checkpoint, rank as train_rank
 from suite.strategies import base
-from suite.tracking import read_metrics
+from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
 from tests.parity import make_recipe
 
@@ -17,7 +17,7 @@ RESUMABLE = dict(training={"epochs": 2, "batch_size": 32, "seed": 1, "log_every_
 
 def run_until_stopped(recipe, run_dir):
     try:
-        train.run(recipe, run_dir)
+        train_rank.run(recipe, run_dir)
     except checkpoint.Preempted:
         return "preempted"
     return "completed"

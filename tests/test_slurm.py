@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from suite.tracking import read_metrics
+from suite.record.run_record import read_metrics
 
 pytestmark = pytest.mark.skipif(shutil.which("sinfo") is None,
                                 reason="no Slurm here (sinfo not found); .ci/run starts a local cluster")

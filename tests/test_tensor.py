@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from suite.engine import Engine
+from suite.strategies.engine import Engine
 from suite.errors import SuiteError
 from suite.strategies import tensor
-from suite.tracking import read_json
+from suite.record.run_record import read_json
 from tests.parity import assert_matches, make_recipe, step_losses
 
 LANGUAGE = {

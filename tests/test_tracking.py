@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from analysis import wandb_runs
-from suite import flops, metrics, train, wandb_sink
-from suite.sampler import CpuProbe, UtilisationSampler
-from suite.tracking import read_json, read_metrics
+from suite.record import flops, metrics, wandb_sink
+from suite.train import rank as train_rank
+from suite.record.utilisation import CpuProbe, UtilisationSampler
+from suite.record.run_record import read_json, read_metrics
 from tests.harness import run_ranks
 from tests.parity import make_recipe, step_losses
 
@@ -24,7 +25,7 @@ def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metr
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.chdir(tmp_path)  # W&B must write into the run folder, not ./wandb
     recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "offline", "sample_interval_s": 0.2})
-    run_dir = train.new_run_dir(recipe, tmp_path / "runs")
+    run_dir = train_rank.new_run_dir(recipe, tmp_path / "runs")
     step_losses(recipe, run_dir)
 
     infos = sorted((wandb_runs.read(d) for d in wandb_runs.run_dirs(run_dir)), key=lambda i: i["name"])

@@ -11,7 +11,7 @@ from suite import recipe as recipes
 from suite.errors import SuiteError
 from suite.estimate import parameter_count, predicted_held_bytes
 from suite.strategies import _deepspeed
-from suite.tracking import read_json
+from suite.record.run_record import read_json
 from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 from tests.roundtrip import continued_and_resumed

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from suite.engine import Engine
+from suite.strategies.engine import Engine
 from suite.errors import SuiteError
 
 # DeepSpeed keys the recipe decides; setting them in strategy.config would let the two disagree.
@@ -192,7 +192,7 @@ def preload() -> None:
 
 
 def start(ctx, precision: str, strategy: str):
-    """Import DeepSpeed and make it reuse the process group ``suite.dist`` created."""
+    """Import DeepSpeed and make it reuse the process group ``suite.train.dist`` created."""
     if precision == "fp16" and ctx.device.type == "cpu":
         raise SuiteError(f"training.precision=fp16 with strategy {strategy} needs a GPU; use bf16 or fp32 on CPU")
     if ctx.device.type == "cpu":
@@ -276,7 +276,7 @@ def held_bytes(engine, params, gradient_bytes: int) -> dict:
     after backward), optimizer state = the inner optimizer's state plus DeepSpeed's fp32 master
     partitions (ZeRO-1/2: single_partition_of_fp32_groups; ZeRO-3: fp32_partitioned_groups_flat;
     bf16 optimizer: fp32_groups_flat_partition)."""
-    from suite.metrics import optimizer_state_bytes, tensor_bytes
+    from suite.record.metrics import optimizer_state_bytes, tensor_bytes
 
     wrapper = engine.optimizer
     inner = getattr(wrapper, "optimizer", wrapper)

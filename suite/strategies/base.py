@@ -6,7 +6,7 @@ from contextlib import nullcontext
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from suite.engine import Engine, StepResult
+from suite.strategies.engine import Engine, StepResult
 from suite.errors import SuiteError
 
 
@@ -95,11 +95,11 @@ class ModuleEngine(Engine):
         return list(self.module.parameters())
 
     def gradient_bytes(self) -> int:
-        from suite.metrics import tensor_bytes
+        from suite.record.metrics import tensor_bytes
         return tensor_bytes(p.grad for p in self.module.parameters() if p.grad is not None)
 
     def held_bytes(self) -> dict:
-        from suite.metrics import optimizer_state_bytes, tensor_bytes
+        from suite.record.metrics import optimizer_state_bytes, tensor_bytes
         return {"parameters": tensor_bytes(self.parameters()),
                 "gradients": self._gradient_bytes,
                 "optimizer_state": optimizer_state_bytes(self.optimizer)}

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 from pydantic import PositiveInt
 
-from suite.engine import StepResult
+from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
 from suite.parallel_dims import resolve
 from suite.strategies import _deepspeed
@@ -79,7 +79,9 @@ def _config(opts: Options, rank_batch: int, dp: int, precision: str) -> dict:
                                   dp=dp, precision=precision, stage=opts.zero_stage, extra=opts.config)
 
 
-class PipelineEngine(_deepspeed.DeepSpeedEngine):
+class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
+    """One rank of DeepSpeed's pipeline engine: a stage of the PipelineModule, fed micro-batches by
+    ``train_batch``."""
     def __init__(self, setup, ds_engine, micro_batches: int, zero_stage: int):
         super().__init__(setup, ds_engine, zero_stage, dp_rank=ds_engine.grid.get_data_parallel_rank(),
                          dp_size=ds_engine.grid.get_data_parallel_world_size())
@@ -139,7 +141,7 @@ class PipelineEngine(_deepspeed.DeepSpeedEngine):
         return _deepspeed.held_bytes(self.ds, self.ds.module.parameters(), self._gradient_bytes)
 
 
-def build(opts: Options, setup) -> PipelineEngine:
+def build(opts: Options, setup) -> DeepSpeedPipelineEngine:
     ctx = setup.ctx
     deepspeed = _deepspeed.start(ctx, setup.precision, "ds_pipeline")
     from deepspeed.pipe import PipelineModule
@@ -156,4 +158,4 @@ def build(opts: Options, setup) -> PipelineEngine:
     pipe.to(ctx.device)
     optimizer = setup.make_optimizer([p for p in pipe.parameters() if p.requires_grad])
     ds_engine, *_ = deepspeed.initialize(model=pipe, optimizer=optimizer, config=config)
-    return PipelineEngine(setup, ds_engine, opts.micro_batches, opts.zero_stage)
+    return DeepSpeedPipelineEngine(setup, ds_engine, opts.micro_batches, opts.zero_stage)

@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from suite.metrics import optimizer_state_bytes
+from suite.record.metrics import optimizer_state_bytes
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 

@@ -63,7 +63,7 @@ def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) 
         if any(p.requires_grad for p in block.parameters()):
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     # A Linear on [B, T, D] returns a view, which FSDP2 warns about in case the caller edits it
-    # in place; the loss (suite.task) only reads the output, so the warning is noise here.
+    # in place; the loss (suite.models.task) only reads the output, so the warning is noise here.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     # The root keeps FSDP's default: its parameters are needed again at once for backward.
     return fully_shard(model, mesh=mesh, mp_policy=mp_policy)

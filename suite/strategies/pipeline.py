@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from pydantic import PositiveInt
 
-from suite import metrics
-from suite.engine import StepResult
+from suite.record import metrics
+from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
 from suite.parallel_dims import device_mesh, resolve
 from suite.strategies.base import ModuleEngine, StrategyOptions
@@ -104,7 +104,8 @@ def _timed_stage_class(synchronize):
     return TimedStage
 
 
-class PipelineEngine(ModuleEngine):
+class PipelineStageEngine(ModuleEngine):
+    """This rank's stage of a torch.distributed.pipelining schedule."""
     def __init__(self, setup, module, stage, schedule, micro_batches, pp_group, dp_rank, dp_size):
         super().__init__(setup, module, dp_rank, dp_size)
         self.stage, self.schedule, self.pp_group = stage, schedule, pp_group
@@ -180,7 +181,7 @@ class PipelineEngine(ModuleEngine):
                 "stage_busy_s": statistics.median(busy) if busy else None}
 
 
-def build(opts: Options, setup) -> PipelineEngine:
+def build(opts: Options, setup) -> PipelineStageEngine:
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
     ctx = setup.ctx
@@ -198,7 +199,7 @@ def build(opts: Options, setup) -> PipelineEngine:
     # scale_grads (default) divides by micro_batches: the gradient of the batch mean loss.
     schedule = schedule_cls(stage, n_microbatches=opts.micro_batches,
                             loss_fn=lambda out, target: task.loss(out, target, target))
-    return PipelineEngine(setup, module, stage, schedule, opts.micro_batches, pp_group,
+    return PipelineStageEngine(setup, module, stage, schedule, opts.micro_batches, pp_group,
                           dp_rank=mesh.get_local_rank("dp"), dp_size=dp)
 
 

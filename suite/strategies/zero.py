@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from suite.engine import StepResult
+from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
 from suite.strategies import _deepspeed
 from suite.strategies.base import StrategyOptions

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from suite import tracking
+from suite.record import run_record
 
 _stop_requested = threading.Event()
 _previous_handler = None
@@ -75,7 +75,7 @@ def save(run_dir: Path, ctx, engine, loop_state: dict) -> None:
     if ctx.world_size > 1:
         dist.barrier()  # every rank's file is in place before meta.json says so
     if ctx.is_main:
-        tracking.write_json_atomic(path / "meta.json", {"step": loop_state["step"], "world_size": ctx.world_size})
+        run_record.write_json_atomic(path / "meta.json", {"step": loop_state["step"], "world_size": ctx.world_size})
 
 
 def load(run_dir: Path, ctx, engine) -> dict | None:

@@ -1,38 +1,32 @@
-"""The per-rank training loop, written once against the Engine interface.
+"""What one rank runs: join the process group, build data, model and strategy, train through
+the shared loop (``suite.train.loop``) and write the run record (rank 0 writes the summary).
 
-Run by ``suite.launch`` inside each submitit task, or directly:
+Called by ``suite.submit.launch`` inside each submitit task, or through
 ``torchrun --nproc_per_node 2 -m suite.train RECIPE [key=value ...] [--out DIR]``.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import os
-import sys
 import time
 import traceback
-import uuid
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from suite import dist as sdist
-from suite import checkpoint, measures, metrics, recipe as recipes, strategies, tracking
-from suite.engine import Setup
+from suite import recipe as recipes, strategies
 from suite.errors import SuiteError
 from suite.models import MODELS, build as build_model
-from suite.loop import StepLoop
-from suite.task import Task
+from suite.models.task import Task
+from suite.record import metrics, run_record
+from suite.record.tracking import RankLog
+from suite.strategies.engine import Setup
+from suite.train import checkpoint, dist as sdist
+from suite.train.loop import StepLoop
 
 
 def new_run_dir(recipe, out: str | Path) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(out) / f"{recipe.name}-{stamp}-{uuid.uuid4().hex[:4]}"
-    run_dir.mkdir(parents=True, exist_ok=False)
-    (run_dir / "recipe.yaml").write_text(recipes.dump(recipe))
-    return run_dir.resolve()
+    return run_record.new_run_dir(recipe.name, recipes.dump(recipe), out)
 
 
 def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs") -> Path:
@@ -66,10 +60,7 @@ def _agree_run_dir(ctx, recipe, run_dir, out) -> Path:
 
 
 def _record_error(run_dir: Path, rank: int, exc: BaseException) -> None:
-    errors = run_dir / "errors"
-    errors.mkdir(exist_ok=True)
-    text = "".join(traceback.format_exception(exc))
-    (errors / f"rank{rank}.txt").write_text(f"{time.time()}\n{type(exc).__name__}: {exc}\n\n{text}")
+    run_record.record_error(run_dir, rank, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc)))
 
 
 def make_setup(recipe, ctx, run_dir=None) -> Setup:
@@ -95,13 +86,12 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
 def _train(recipe, ctx, run_dir: Path) -> None:
     tr = recipe.training
     if ctx.is_main:
-        tracking.write_json_atomic(run_dir / "summary.json", {"status": "running", "name": recipe.name,
-                                                              "started_at": time.time()})
+        run_record.write_summary(run_dir, {"status": "running", "name": recipe.name, "started_at": time.time()})
     torch.manual_seed(tr.seed)
     train_set, val_set = recipe.data.load()
     setup = make_setup(recipe, ctx, run_dir)
     engine = strategies.build(recipe.strategy, setup)
-    log = measures.open_log(recipe, ctx, run_dir)  # run record + W&B + utilisation sampler
+    log = RankLog.open(recipe, ctx, run_dir)  # run record + W&B + utilisation thread
 
     per_rank_batch = tr.batch_size // engine.dp_size
     sampler = DistributedSampler(train_set, num_replicas=engine.dp_size, rank=engine.dp_rank,
@@ -119,42 +109,33 @@ def _train(recipe, ctx, run_dir: Path) -> None:
     loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task)
     loop.resume()
     checkpoint.install_preemption_handler()
-    printer = (lambda rec: print(epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
+    printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
         _write_summary(recipe, ctx, engine, run_dir, loop, epochs)
     except checkpoint.Preempted:
         if ctx.is_main:
-            tracking.update_summary(run_dir, status="preempted", steps=loop.step, attempts=loop.attempts)
+            run_record.update_summary(run_dir, status="preempted", steps=loop.step, attempts=loop.attempts)
         raise
     except BaseException:
         loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
         raise
     finally:
-        log.close()  # also on failure: W&B runs finish, the sampler stops
+        log.close()  # also on failure: W&B runs finish, the utilisation thread stops
         engine.close()
-
-
-def epoch_line(rec: dict, epochs: int) -> str:
-    parts = [f"epoch {rec['epoch'] + 1}/{epochs}", f"train_loss {rec['train_loss']:.4f}"]
-    for key in ("val_loss", "val_accuracy"):
-        if rec.get(key) is not None:
-            parts.append(f"{key} {rec[key]:.4f}")
-    parts.append(f"{rec['epoch_time_s']:.2f} s")
-    return "  ".join(parts)
 
 
 def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
     mine = {"rank": ctx.rank, "peak_memory_bytes": metrics.peak_memory_bytes(ctx.device),
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics()}
-    mine.update(measures.rank_fields(recipe, ctx, loop))  # utilisation, throughput, device
+    mine.update(loop.log.rank_fields(ctx, loop))  # utilisation, throughput, device
     ranks = [None] * ctx.world_size
     if ctx.world_size > 1:
         dist.all_gather_object(ranks, mine)
     else:
         ranks = [mine]
-    run_level = measures.run_fields(recipe, ctx, loop, ranks)  # FLOPs, MFU; W&B summaries
+    run_level = loop.log.run_fields(recipe, ctx, loop, ranks)  # FLOPs, MFU; W&B summaries
     if not ctx.is_main:
         return
     last = epochs[-1] if epochs else {}
@@ -191,35 +172,4 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "torch": torch.__version__,
         **run_level,
     }
-    tracking.write_json_atomic(run_dir / "summary.json", summary)
-
-
-def main(argv=None) -> int:
-    """``torchrun ... -m suite.train RECIPE [key=value ...] [--out DIR] [--run-dir DIR]``"""
-    parser = argparse.ArgumentParser(prog="python -m suite.train", description=main.__doc__)
-    parser.add_argument("recipe")
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--out", default="runs")
-    parser.add_argument("--run-dir", default=None)
-    args = parser.parse_intermixed_args(argv)
-    try:
-        points = recipes.load(args.recipe, args.overrides)
-        if len(points) != 1:
-            raise SuiteError("suite.train runs one recipe; a sweep is run by python -m suite.submit")
-        world = int(os.environ.get("WORLD_SIZE", 1))
-        recipe = points[0]
-        if world != recipe.world_size:  # torchrun decides the world: take it, then re-check
-            recipe = recipes.validate({**recipe.model_dump(mode="json"),
-                                       "launch": {**recipe.launch.model_dump(mode="json"),
-                                                  "nodes": 1, "tasks_per_node": world}})
-        run_dir = run(recipe, args.run_dir, args.out)
-    except SuiteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"run record: {run_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    run_record.write_summary(run_dir, summary)

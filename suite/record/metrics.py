@@ -11,17 +11,17 @@
   neighbours): 1 - busy_s / wall_s, per rank; compare with (stages-1)/(micro_batches+stages-1).
 - held_bytes: exact bytes (numel x element size) of the parameters, gradients and optimizer
   state tensors the rank holds; for sharded tensors, only the local shard.
-Per rank (summary.json ``ranks``; suite.measures, suite.sampler):
+Per rank (summary.json ``ranks``; suite.record.tracking, suite.record.utilisation):
 - samples_per_s (per rank): samples of the rank's data shard / the rank's training wall time.
 - cpu_percent_{mean,peak}: the rank's process CPU % (100 = one core) sampled every
   tracking.sample_interval_s; rss_bytes_{mean,peak}: its resident set size, same samples.
 - gpu_util_percent, gpu_memory_used_bytes, gpu_power_w (_mean, _peak): NVML, on GPU ranks.
-Per run (suite.flops):
+Per run (suite.record.flops):
 - flops_per_step: FLOPs (a multiply-add = 2) of forward + backward of the unwrapped model over
   one global batch, counted once by torch's FlopCounterMode; the optimizer update is not counted.
 - achieved_flops_per_s: flops_per_step x steps / training wall time (all devices together).
 - mfu: achieved_flops_per_s / (peak_flops_per_s x devices); peak per device from the table in
-  suite.flops (GPU name, precision) or tracking.peak_flops_per_s; absent when neither knows it.
+  suite.record.flops (GPU name, precision) or tracking.peak_flops_per_s; absent when neither knows it.
 """
 from __future__ import annotations
 

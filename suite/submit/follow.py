@@ -9,9 +9,8 @@ from pathlib import Path
 
 import submitit
 
-from suite import tracking
 from suite.errors import RunFailed
-from suite.train import epoch_line
+from suite.record import run_record
 
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -42,7 +41,7 @@ class Watch:
         self._update_state()
         if self.state and self.state.split()[0] in ("RUNNING", "COMPLETED", "FINISHED"):
             self._report_started_ranks()
-        if self._failed_at is None and first_error(self.run_dir):
+        if self._failed_at is None and run_record.first_error(self.run_dir):
             self._failed_at = time.time()
         if self._failed_at is not None and time.time() - self._failed_at > self.grace_s and not self.ended:
             self.job.cancel()  # a rank failed and its peers did not follow within the grace time
@@ -76,25 +75,25 @@ class Watch:
     def outcome(self) -> dict:
         """The completed run's summary; RunFailed naming the job and the failing rank otherwise."""
         self.progress.show()
-        error = first_error(self.run_dir) or _submitit_error(self.job)
+        error = run_record.first_error(self.run_dir) or _submitit_error(self.job)
         job = f"job {self.job.job_id}"
         silent = _silent_ranks(self.job, self.run_dir) if error and not self.cancelled_by_us else []
         if silent:  # a rank vanished (killed, out of memory); its peers' errors only echo that
             rank = silent[0]
             line = (f"rank {rank} died without a Python error (killed by a signal or the OOM killer?); "
                     f"its peers then failed: rank {error[0]}: {error[1]}")
-            tracking.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
+            run_record.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {line} "
                             f"(rank {rank}'s log: {self.job.task(rank).paths.stderr})")
         if error:
             rank, line, path = error
-            tracking.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
+            run_record.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: rank {rank}: {line} "
                             f"(traceback: {path}; logs: {self.job.paths.folder})")
-        summary = tracking.read_json(self.run_dir / "summary.json") if (self.run_dir / "summary.json").exists() else {}
+        summary = run_record.read_json(self.run_dir / "summary.json") if (self.run_dir / "summary.json").exists() else {}
         if summary.get("status") != "completed":
             why = f"ended as {self.state}" if self.state else "ended without completing"
-            tracking.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
+            run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}; rank 0's log: "
                             f"{self.job.task(0).paths.stderr}")
         return summary
@@ -113,24 +112,9 @@ def wait(watches: list[Watch], poll_s: float = 0.5, on_done=None) -> None:
             time.sleep(poll_s)
 
 
-def first_error(run_dir: Path):
-    """(rank, message, path) of the earliest error any rank recorded, or None."""
-    found = []
-    for path in (Path(run_dir) / "errors").glob("rank*.txt"):
-        try:
-            stamp, message = path.read_text().split("\n", 2)[:2]
-            found.append((float(stamp), int(path.stem[4:]), message, path))
-        except (OSError, ValueError):
-            continue
-    if not found:
-        return None
-    _, rank, message, path = min(found)
-    return rank, message, path
-
-
 def _silent_ranks(job, run_dir: Path) -> list[int]:
     """Ranks that left neither an error record nor a submitit result: they were killed."""
-    recorded = {int(p.stem[4:]) for p in (Path(run_dir) / "errors").glob("rank*.txt")}
+    recorded = run_record.error_ranks(run_dir)
     return [k for k in range(job.num_tasks)
             if k not in recorded and not job.task(k).paths.result_pickle.exists()]
 
@@ -170,7 +154,7 @@ class _Progress:
             if rec.get("rank") != 0:
                 continue
             if rec["kind"] == "epoch":
-                self.printer(self.prefix + epoch_line(rec, self.total_epochs))
+                self.printer(self.prefix + run_record.epoch_line(rec, self.total_epochs))
                 self.last_print, self.last_step = time.time(), None
             elif rec["kind"] == "step" and rec.get("global_loss") is not None:
                 self.last_step = rec

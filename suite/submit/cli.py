@@ -10,7 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from suite import recipe as recipes
 from suite.errors import RunFailed, SuiteError
+from suite.record import run_record
 
 
 def parse_args(argv):
@@ -47,7 +49,6 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from suite import recipe as recipes
     from suite.estimate import predicted_held_bytes
 
     overrides = list(args.overrides) + ([f"launch.executor={args.executor}"] if args.executor else [])
@@ -59,7 +60,7 @@ def _main(args) -> int:
     if args.dry_run:
         for r, est in zip(points, estimates):
             print(recipes.dump(r).rstrip())
-            print(_job_line(r))
+            print(run_record.job_line(r))
             print(_estimate_text(est))
             print("---")
         print(f"{len(points)} job(s); nothing launched (--dry-run)")
@@ -70,10 +71,9 @@ def _main(args) -> int:
 def _run_all(points, out: Path, wait: bool) -> int:
     import datetime
 
-    from suite import follow, launch
-    from suite.train import new_run_dir
+    from suite.submit import follow, launch
 
-    runs = [(r, new_run_dir(r, out)) for r in points]
+    runs = [(r, run_record.new_run_dir(r.name, recipes.dump(r), out)) for r in points]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     if points[0].launch.executor == "local" and wait:
         # One machine: run the points one after another, so they do not compete for its cores.
@@ -90,28 +90,19 @@ def _run_all(points, out: Path, wait: bool) -> int:
             print(f"error: {e}", file=sys.stderr, flush=True)
             failures += 1
             return
-        print(summary_text(summary, w.run_dir), flush=True)
+        print(run_record.summary_text(summary, w.run_dir), flush=True)
 
     for batch in batches:
         jobs = launch.submit(batch, out / f"sweep-{stamp}-submitit")
         watches = []
         for (r, run_dir), job in zip(batch, jobs):
-            print(f"{_job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
+            print(f"{run_record.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
             watches.append(follow.Watch(job, run_dir, r.training.epochs))
         if wait:
             follow.wait(watches, on_done=done)
     if not wait:
         print("submitted; not waiting (--no-wait). Follow with: squeue / the run folders above")
     return 1 if failures else 0
-
-
-def _job_line(r) -> str:
-    l = r.launch
-    micro = r.strategy.micro_batches_per_step(r.training)
-    per_micro = r.training.batch_size // (r.dp_size() * micro)
-    return (f"{r.name}: {r.strategy.name} on {l.nodes} node(s) x {l.tasks_per_node} task(s) = world size "
-            f"{r.world_size} ({l.executor}); global batch {r.training.batch_size} = {r.dp_size()} "
-            f"data-parallel rank(s) x {micro} micro-batch(es) x {per_micro} samples")
 
 
 def _mb(n) -> str:
@@ -123,19 +114,6 @@ def _estimate_text(est) -> str:
     keys = ("parameters", "gradients", "optimizer_state")
     return (f"  predicted bytes ({est['parameters_count']:,} parameters): "
             + ", ".join(f"{k} {_mb(p[k])} per rank of {_mb(t[k])}" for k in keys))
-
-
-def summary_text(s: dict, run_dir: Path) -> str:
-    final = s.get("final", {})
-    lines = [f"done: {s['name']} ({s['strategy']}, world size {s['world_size']}) in {s['train_time_s']:.1f} s of training",
-             f"  throughput {s['samples_per_s']:.0f} samples/s, median step {1000 * s['step_time_s']:.1f} ms, "
-             f"epoch {sum(s['epoch_time_s']) / len(s['epoch_time_s']):.2f} s (mean)"]
-    if final:
-        lines.append("  final " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    mem = " + ".join(f"{r['peak_memory_bytes'] / 2**30:.2f}" for r in s["ranks"])
-    lines.append(f"  peak memory per rank: {mem} GiB")
-    lines.append(f"run record: {run_dir}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

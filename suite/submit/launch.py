@@ -1,5 +1,5 @@
 """Hand recipes to submitit, one task per rank: local processes, a Slurm cluster (a sweep becomes
-one job array per launch shape), or in-process debug. ``suite.follow`` watches the jobs."""
+one job array per launch shape), or in-process debug. ``suite.submit.follow`` watches the jobs."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ import submitit
 class TrainTask(submitit.helpers.Checkpointable):
     """What each submitit task runs: join the job's process group and train one rank.
 
-    On requeue (time limit, preemption) submitit runs this same object again; ``train.run``
+    On requeue (time limit, preemption) submitit runs this same object again; ``suite.train.rank.run``
     finds the checkpoint in the run folder and resumes from it.
     """
 
@@ -25,11 +25,12 @@ class TrainTask(submitit.helpers.Checkpointable):
         if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
             # Rendezvous from the job itself: first node's name, a port seeded by the job id.
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-        from suite import checkpoint, recipe as recipes, train
+        from suite import recipe as recipes
+        from suite.train import checkpoint, rank
 
         recipe = recipes.Recipe.model_validate(self.recipe_json)
         try:
-            train.run(recipe, self.run_dir)
+            rank.run(recipe, self.run_dir)
         except checkpoint.Preempted as stop:
             if stop.exit_code is not None:
                 sys.exit(stop.exit_code)  # submitit has requeued the job; the next attempt resumes

@@ -9,7 +9,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from suite import checkpoint, metrics
+from suite.record import metrics, run_record
+from suite.train import checkpoint
 
 
 class StepLoop:
@@ -143,7 +144,7 @@ class StepLoop:
         self._pending = []
         if self.ctx.is_main:
             rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
-            print(f"step {self.step}/{self.total_steps} loss {p.losses[-1]:.4f} {rate:.0f} samples/s", flush=True)
+            print(run_record.step_line(self.step, self.total_steps, p.losses[-1], rate), flush=True)
         preempted = table[-1, 0].item() > 0
         if preempted or self._checkpoint_due():
             checkpoint.save(self.run_dir, self.ctx, self.engine, self.state())

@@ -1,6 +1,6 @@
 """Rank, world, device and backend: the one place that chooses CUDA+NCCL or CPU+gloo.
 
-The environment comes from whoever started the rank: submitit (``suite.launch`` exports
+The environment comes from whoever started the rank: submitit (``suite.submit.launch`` exports
 MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK from the job), torchrun, or nothing at all
 (a single process, world size 1).
 """

@@ -1,18 +1,20 @@
 """The Engine: the one interface between the training loop and every strategy.
 
-The loop (``suite.train``) calls only what is here; a strategy turns a model factory, an
+The loop (``suite.train.loop``) calls only what is here; a strategy turns a model factory, an
 optimizer factory and the distributed context (together: ``Setup``) into an Engine.
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from suite.dist import DistContext
-from suite.task import Task
+from suite.models.task import Task
+
+if TYPE_CHECKING:  # the per-rank side; strategies are also read (for their options) when submitting
+    from suite.train.dist import DistContext
 
 
 @dataclass
@@ -25,7 +27,7 @@ class StepResult:
 @dataclass
 class Setup:
     """What a strategy is given to build its Engine."""
-    ctx: DistContext
+    ctx: "DistContext"
     build_model: Callable[[], torch.nn.Module]  # same seed every call: identical initial weights
     make_optimizer: Callable  # params -> torch.optim.Optimizer
     task: Task

@@ -1,0 +1,283 @@
+"""The run record: the one module that owns a run's folder and its files, read alike by the ranks
+that write it, the submitting side that follows it and ``analysis`` that compares runs.
+It imports neither torch nor the per-rank code.
+
+``runs/<name>-<time>-<id>/``
+- ``recipe.yaml``: the resolved recipe;
+- ``metrics.jsonl``: one JSON object per line, tagged with its ``kind`` (step, epoch, utilisation,
+  summary) and ``rank``; written with a single ``O_APPEND`` write per line so ranks never
+  interleave within a line (safe on local disks; not guaranteed on NFS across nodes);
+- ``summary.json``: the run's status and results (``Summary`` below), replaced atomically so a
+  killed run never leaves half a file;
+- ``errors/rank<N>.txt``: a failed rank's error (first line a timestamp, second the message);
+- ``checkpoint/``, ``submitit/``, ``wandb/``: resume state, task logs, W&B's offline files.
+
+It also holds the console lines the submitting side and rank 0 print, so both say the same.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "completed", "failed", "cancelled", "preempted", "lost")
+
+
+# ---- summary.json ------------------------------------------------------------------------
+
+class RankSummary(BaseModel):
+    """One rank's entry in ``summary.json``'s ``ranks`` (definitions: ``suite.record.metrics``)."""
+    model_config = ConfigDict(extra="allow")  # utilisation means/peaks vary with the device
+    rank: int
+    peak_memory_bytes: int
+    held_bytes: dict[str, int]
+    step_time_s: Optional[float] = None
+    device: str = "cpu"
+    device_name: str = "cpu"
+    samples_per_s: Optional[float] = None
+    train_time_s: Optional[float] = None
+    wandb_mode: str = "disabled"
+    strategy_metrics: dict = {}
+
+
+class Summary(BaseModel):
+    """``summary.json``. While a run is under way (or after it failed) only ``status``, ``name``
+    and what is known so far are set; a completed run has every result field."""
+    model_config = ConfigDict(extra="allow")  # e.g. job_id, error, failed_rank, strategy extras
+    schema_version: int = SCHEMA_VERSION
+    status: Literal[STATUSES]
+    name: str
+    run_id: Optional[str] = None
+    strategy: Optional[str] = None
+    model: Optional[str] = None
+    data: Optional[str] = None
+    world_size: Optional[int] = None
+    dp_size: Optional[int] = None
+    global_batch: Optional[int] = None
+    precision: Optional[str] = None
+    device: Optional[str] = None
+    backend: Optional[str] = None
+    recipe_fingerprint: Optional[str] = None
+    steps: Optional[int] = None
+    epochs: Optional[int] = None
+    samples: Optional[int] = None
+    samples_per_s: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    step_time_s: Optional[float] = None
+    epoch_time_s: list[float] = []
+    eval_time_s: list[float] = []
+    train_time_s: Optional[float] = None
+    final: dict[str, float] = {}
+    ranks: list[RankSummary] = []
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    attempts: list[dict] = []
+    flops_per_step: Optional[int] = None
+    devices: Optional[int] = None
+    achieved_flops_per_s: Optional[float] = None
+    peak_flops_per_s: Optional[float] = None
+    mfu: Optional[float] = None
+    torch: Optional[str] = None
+    error: Optional[str] = None
+    failed_rank: Optional[int] = None
+
+
+class BadSummary(ValueError):
+    """summary.json is missing, corrupt or not of this schema; the message says which."""
+
+
+def summary_path(run_dir) -> Path:
+    return Path(run_dir) / "summary.json"
+
+
+def read_summary(run_dir) -> dict:
+    """``summary.json`` checked against ``Summary``, as a dict; ``BadSummary`` says what is wrong."""
+    path = summary_path(run_dir)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadSummary("no summary.json (incomplete copy, or a run that never started)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadSummary(f"summary.json is corrupt ({e})") from None
+    if not isinstance(raw, dict):
+        raise BadSummary("summary.json is not a JSON object")
+    if raw.get("schema_version", SCHEMA_VERSION) > SCHEMA_VERSION:
+        raise BadSummary(f"summary.json has schema_version {raw['schema_version']}, newer than this "
+                         f"suite reads ({SCHEMA_VERSION}); update scalesuite")
+    try:
+        return Summary.model_validate(raw).model_dump(mode="json")
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise BadSummary(f"summary.json field {where}: {err['msg']}") from None
+
+
+def write_summary(run_dir, summary: dict) -> None:
+    """Validate against ``Summary`` and write atomically (fields not known are left out)."""
+    write_json_atomic(summary_path(run_dir),
+                      Summary.model_validate(summary).model_dump(mode="json", exclude_none=True))
+
+
+def update_summary(run_dir, **fields) -> None:
+    """Set fields of ``summary.json`` (created if absent), atomically."""
+    path = summary_path(run_dir)
+    summary = read_json(path) if path.exists() else {}
+    summary.update(fields)
+    write_summary(run_dir, summary)
+
+
+# ---- files -------------------------------------------------------------------------------
+
+def new_run_dir(name: str, recipe_yaml: str, out) -> Path:
+    """A fresh run folder under ``out`` holding the resolved recipe."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(out) / f"{name}-{stamp}-{uuid.uuid4().hex[:4]}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "recipe.yaml").write_text(recipe_yaml)
+    return run_dir.resolve()
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
+
+
+def record_error(run_dir: Path, rank: int, message: str, details: str = "") -> Path:
+    """``errors/rank<N>.txt``: timestamp, one-line message, then the details (a traceback)."""
+    errors = Path(run_dir) / "errors"
+    errors.mkdir(exist_ok=True)
+    path = errors / f"rank{rank}.txt"
+    path.write_text(f"{time.time()}\n{message}\n\n{details}")
+    return path
+
+
+def first_error(run_dir: Path):
+    """(rank, message, path) of the earliest error any rank recorded, or None."""
+    found = []
+    for path in (Path(run_dir) / "errors").glob("rank*.txt"):
+        try:
+            stamp, message = path.read_text().split("\n", 2)[:2]
+            found.append((float(stamp), int(path.stem[4:]), message, path))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    _, rank, message, path = min(found)
+    return rank, message, path
+
+
+def error_ranks(run_dir: Path) -> set[int]:
+    return {int(p.stem[4:]) for p in (Path(run_dir) / "errors").glob("rank*.txt")}
+
+
+class MetricsLog:
+    """Appends records to ``metrics.jsonl``: one line per record, tagged with the rank; each
+    record also goes to the extra ``sinks`` (W&B)."""
+
+    def __init__(self, run_dir: Path, rank: int, sinks=()):
+        self.rank = rank
+        self.sinks = list(sinks)
+        self._fd = os.open(Path(run_dir) / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def log(self, kind: str, **fields) -> None:
+        record = {"kind": kind, "rank": self.rank, **fields}
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+        for sink in self.sinks:
+            sink.log(record)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        for sink in self.sinks:
+            sink.close()
+
+
+def iter_metrics(run_dir: Path, stats: dict | None = None):
+    """Records of ``metrics.jsonl`` in file order; unreadable lines (a torn last line of a killed
+    run) are skipped and counted in ``stats["torn"]`` when a dict is given."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if stats is not None:
+                stats["torn"] = stats.get("torn", 0) + 1
+            continue
+        if isinstance(rec, dict):
+            yield rec
+
+
+def read_metrics(run_dir: Path, kind: str | None = None, rank: int | None = None) -> list[dict]:
+    """Records of ``metrics.jsonl`` of one kind and/or rank, in file order."""
+    return [rec for rec in iter_metrics(run_dir)
+            if (kind is None or rec.get("kind") == kind) and (rank is None or rec.get("rank") == rank)]
+
+
+def latest_per_key(records: list[dict], key: str) -> list[dict]:
+    """One record per value of ``key`` (e.g. step), the last written winning, sorted by it: a
+    resumed run logs again from its checkpoint, and the later attempt's record is the one kept."""
+    latest = {}
+    for rec in records:
+        latest[rec.get(key, 0)] = rec
+    return [latest[k] for k in sorted(latest)]
+
+
+# ---- console lines -----------------------------------------------------------------------
+
+def job_line(recipe) -> str:
+    """What a job will run: strategy, world and how the global batch splits."""
+    l, tr = recipe.launch, recipe.training
+    micro = recipe.strategy.micro_batches_per_step(tr)
+    dp = recipe.dp_size()
+    per_micro = tr.batch_size // (dp * micro)
+    return (f"{recipe.name}: {recipe.strategy.name} on {l.nodes} node(s) x {l.tasks_per_node} task(s) = world size "
+            f"{recipe.world_size} ({l.executor}); global batch {tr.batch_size} = {dp} "
+            f"data-parallel rank(s) x {micro} micro-batch(es) x {per_micro} samples")
+
+
+def epoch_line(rec: dict, epochs: int) -> str:
+    parts = [f"epoch {rec['epoch'] + 1}/{epochs}", f"train_loss {rec['train_loss']:.4f}"]
+    for key in ("val_loss", "val_accuracy"):
+        if rec.get(key) is not None:
+            parts.append(f"{key} {rec[key]:.4f}")
+    parts.append(f"{rec['epoch_time_s']:.2f} s")
+    return "  ".join(parts)
+
+
+def step_line(step: int, total_steps: int, loss: float, samples_per_s: float) -> str:
+    return f"step {step}/{total_steps} loss {loss:.4f} {samples_per_s:.0f} samples/s"
+
+
+def summary_text(s: dict, run_dir: Path) -> str:
+    """The lines printed when a run completes."""
+    final = s.get("final") or {}
+    epochs = s.get("epoch_time_s") or [0.0]
+    lines = [f"done: {s['name']} ({s['strategy']}, world size {s['world_size']}) in {s['train_time_s']:.1f} s of training",
+             f"  throughput {s['samples_per_s']:.0f} samples/s, median step {1000 * s['step_time_s']:.1f} ms, "
+             f"epoch {sum(epochs) / len(epochs):.2f} s (mean)"]
+    if final:
+        lines.append("  final " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    mem = " + ".join(f"{r['peak_memory_bytes'] / 2**30:.2f}" for r in s["ranks"])
+    lines.append(f"  peak memory per rank: {mem} GiB")
+    lines.append(f"run record: {run_dir}")
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""What one rank records while it trains, in one object, so that ``suite.train.rank`` stays short.
+
+``RankLog.open`` starts this rank's ``MetricsLog`` (the run record) with its W&B sink unless
+tracking is disabled, and the utilisation thread (``suite.record.utilisation``). At the end:
+- ``rank_fields``: this rank's entries of ``summary.json``'s ``ranks`` list: utilisation means
+  and peaks, the rank's throughput, the device's name and the W&B mode actually used;
+- ``run_fields``: run-wide entries: FLOPs per step, achieved FLOP/s and, when the peak is known,
+  MFU; it also sends each rank's summary to its sinks (the W&B run summary).
+
+The metrics themselves are defined in ``suite.record.metrics``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+
+from suite.record import flops, metrics, run_record, wandb_sink
+from suite.record.utilisation import UtilisationSampler, probe_for
+
+
+class RankLog:
+    """This rank's run-record writer, W&B sink and utilisation thread."""
+
+    def __init__(self, records: run_record.MetricsLog, utilisation: UtilisationSampler, wandb_mode: str):
+        self.records, self.utilisation, self.wandb_mode = records, utilisation, wandb_mode
+        self._utilisation_summary = None
+
+    @classmethod
+    def open(cls, recipe, ctx, run_dir: Path) -> "RankLog":
+        sinks = wandb_sink.open_sinks(recipe, ctx.rank, run_dir)
+        records = run_record.MetricsLog(run_dir, ctx.rank, sinks=sinks)
+        utilisation = UtilisationSampler(probe_for(ctx.device), recipe.tracking.sample_interval_s,
+                                         lambda **reading: records.log("utilisation", **reading)).start()
+        if ctx.world_size > 1:
+            # W&B starts in 1-3 s, unevenly: without this, a late rank's start is timed as its peers' first step.
+            dist.barrier()
+        return cls(records, utilisation, sinks[0].mode if sinks else "disabled")
+
+    def log(self, kind: str, **fields) -> None:
+        self.records.log(kind, **fields)
+
+    def stop_utilisation(self) -> dict:
+        """Stop the thread (once); means and peaks of its readings."""
+        if self._utilisation_summary is None:
+            self._utilisation_summary = self.utilisation.stop()
+        return self._utilisation_summary
+
+    def close(self) -> None:
+        """Also on failure: the utilisation thread stops before the file it writes to closes,
+        then W&B runs finish."""
+        self.stop_utilisation()
+        self.records.close()
+
+    def rank_fields(self, ctx, loop) -> dict:
+        """This rank's utilisation and throughput (samples of its data shard)."""
+        shard_samples = loop.samples // max(1, loop.engine.dp_size)
+        return {"device_name": flops.device_name(ctx.device),
+                "train_time_s": loop.train_time_s,
+                "samples_per_s": metrics.rate(shard_samples, loop.train_time_s),
+                "wandb_mode": self.wandb_mode,
+                **self.stop_utilisation()}
+
+    def run_fields(self, recipe, ctx, loop, ranks: list[dict]) -> dict:
+        """Run-wide FLOPs and MFU (every rank calls this: it also fills each rank's W&B summary)."""
+        devices = recipe.world_size * recipe.launch.devices_per_task
+        flops_per_step = flops.train_step_flops(recipe) if ctx.is_main else None
+        out = {"flops_per_step": flops_per_step, "devices": devices,
+               "achieved_flops_per_s": metrics.rate((flops_per_step or 0) * loop.step, loop.train_time_s)
+               if flops_per_step else None}
+        peak = recipe.tracking.peak_flops_per_s or flops.peak_flops_per_s(
+            flops.device_name(ctx.device), recipe.training.precision)
+        if peak and out["achieved_flops_per_s"]:
+            out["peak_flops_per_s"] = peak
+            out["mfu"] = metrics.mfu(out["achieved_flops_per_s"], peak, devices)
+        summary = {**ranks[ctx.rank], **({k: v for k, v in out.items() if v is not None} if ctx.is_main else {})}
+        self.log("summary", **summary)
+        return out

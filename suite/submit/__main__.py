@@ -1,0 +1,5 @@
+import sys
+
+from suite.submit.cli import main
+
+sys.exit(main())
