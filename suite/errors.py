@@ -15,3 +15,9 @@ class RunFailed(SuiteError):
     """The job started but a rank failed, was cancelled or timed out."""
 
     exit_code = 1
+
+
+class RunCancelled(RunFailed):
+    """The run was stopped on request (Ctrl-C); what it did is kept and it can be resumed."""
+
+    exit_code = 130

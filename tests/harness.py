@@ -50,7 +50,11 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> l
                 raise AssertionError(f"ranks {sorted(pending)} of {world_size} still running after {timeout_s} s (hang?)")
             for rank in list(pending):
                 if conns[rank].poll(0.05):
-                    status, value = conns[rank].recv()
+                    try:
+                        status, value = conns[rank].recv()
+                    except EOFError:  # the process ended without a word (SIGKILL)
+                        procs[rank].join(5)
+                        raise AssertionError(f"rank {rank} died with exit code {procs[rank].exitcode}") from None
                     if status == "error":
                         raise AssertionError(f"rank {rank} raised:\n{value}")
                     results[rank] = value

@@ -5,7 +5,8 @@ import signal
 
 import pytest
 
-from suite.train import checkpoint, rank as train_rank
+from suite.record import run_record
+from suite.train import rank as train_rank, stop
 from suite.strategies import base
 from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
@@ -18,7 +19,7 @@ RESUMABLE = dict(training={"epochs": 2, "batch_size": 32, "seed": 1, "log_every_
 def run_until_stopped(recipe, run_dir):
     try:
         train_rank.run(recipe, run_dir)
-    except checkpoint.Preempted:
+    except stop.Preempted:
         return "preempted"
     return "completed"
 
@@ -69,7 +70,7 @@ def test_periodic_checkpoints_let_a_crashed_run_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:7")
     with pytest.raises(AssertionError, match="raised"):
         run_ranks(run_until_stopped, 2, recipe, tmp_path)
-    assert json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["step"] == 4
+    assert run_record.latest_checkpoint(tmp_path)["step"] == 4
     monkeypatch.delenv("SCALESUITE_FAIL_AT")
     assert run_ranks(run_until_stopped, 2, recipe, tmp_path) == ["completed"] * 2
     assert len(steps_by_number(tmp_path)) == 16

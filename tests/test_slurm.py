@@ -135,3 +135,29 @@ def test_a_cancelled_job_fails_the_command_promptly_naming_the_job(tmp_path):
     assert "Traceback" not in err
     assert time.time() - cancelled < 90
     assert summary(run_dir)["status"] == "failed"
+
+
+def test_a_job_that_can_never_start_fails_within_a_minute_with_slurms_reason(tmp_path):
+    """64 CPUs per task on nodes that have far fewer: Slurm keeps the job pending for ever
+    (Reason=PartitionConfig). The follower names the reason and cancels the job."""
+    from suite import recipe as recipes
+    from suite.errors import RunFailed
+    from suite.record import run_record
+    from suite.submit import follow, launch
+
+    (recipe,) = recipes.load("recipes/quickstart.yaml", ["launch.executor=slurm", "launch.cpus_per_task=64"])
+    run_dir = run_record.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
+    (job,) = launch.submit([(recipe, run_dir)])
+    watch = follow.Watch(job, run_dir, recipe.training.epochs, printer=lambda *_: None)
+    started = time.time()
+    while not watch.poll():
+        assert time.time() - started < 60, f"still waiting after 60 s (state {watch.state})"
+        time.sleep(1)
+    with pytest.raises(RunFailed, match="cannot start: Slurm gives the reason PartitionConfig"):
+        watch.outcome()
+    assert summary(run_dir)["status"] == "failed"
+    deadline = time.time() + 30
+    while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", job.job_id], capture_output=True,
+                                                    text=True).stdout.strip():
+        time.sleep(1)
+    assert not subprocess.run(["squeue", "-h", "-j", job.job_id], capture_output=True, text=True).stdout.strip()

@@ -10,6 +10,7 @@ It imports neither torch nor the per-rank code.
 - ``summary.json``: the run's status and results (``Summary`` below), replaced atomically so a
   killed run never leaves half a file;
 - ``errors/rank<N>.txt``: a failed rank's error (first line a timestamp, second the message);
+- ``job.json``: the job that runs it; ``ranks/rank<N>.json``: each rank's process (pid, host);
 - ``checkpoint/``, ``submitit/``, ``wandb/``: resume state, task logs, W&B's offline files.
 
 It also holds the console lines the submitting side and rank 0 print, so both say the same.
@@ -28,7 +29,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 SCHEMA_VERSION = 1
-STATUSES = ("running", "completed", "failed", "cancelled", "preempted", "lost")
+STATUSES = ("running", "completed", "failed", "cancelled", "preempted")
 
 
 # ---- summary.json ------------------------------------------------------------------------
@@ -54,7 +55,7 @@ class Summary(BaseModel):
     model_config = ConfigDict(extra="allow")  # e.g. job_id, error, failed_rank, strategy extras
     schema_version: int = SCHEMA_VERSION
     status: Literal[STATUSES]
-    name: str
+    name: Optional[str] = None  # the recipe's name; absent when a run failed before any rank started
     run_id: Optional[str] = None
     strategy: Optional[str] = None
     model: Optional[str] = None
@@ -88,6 +89,7 @@ class Summary(BaseModel):
     torch: Optional[str] = None
     error: Optional[str] = None
     failed_rank: Optional[int] = None
+    job_id: Optional[str] = None
 
 
 class BadSummary(ValueError):
@@ -183,6 +185,42 @@ def first_error(run_dir: Path):
     return rank, message, path
 
 
+def record_job(run_dir: Path, job_id: str, executor: str) -> None:
+    """``job.json``: the submitit/Slurm job that runs this run (written by the submitting side)."""
+    write_json_atomic(Path(run_dir) / "job.json", {"job_id": str(job_id), "executor": executor,
+                                                   "submitted_at": time.time()})
+
+
+def read_job(run_dir: Path) -> dict:
+    path = Path(run_dir) / "job.json"
+    try:
+        return read_json(path) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def record_rank_process(run_dir: Path, rank: int) -> None:
+    """``ranks/rank<N>.json``: where this rank's process runs, so that a rank that dies without a
+    word (killed, out of memory) can be noticed by the follower and by ``suite.status``."""
+    import socket
+
+    folder = Path(run_dir) / "ranks"
+    folder.mkdir(exist_ok=True)
+    write_json_atomic(folder / f"rank{rank}.json", {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+                                                    "started_at": time.time()})
+
+
+def rank_processes(run_dir: Path) -> list[dict]:
+    """The ``record_rank_process`` entries of a run, by rank (the latest attempt's)."""
+    out = []
+    for path in sorted((Path(run_dir) / "ranks").glob("rank*.json")):
+        try:
+            out.append(read_json(path))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda r: r["rank"])
+
+
 def error_ranks(run_dir: Path) -> set[int]:
     return {int(p.stem[4:]) for p in (Path(run_dir) / "errors").glob("rank*.txt")}
 
@@ -208,6 +246,38 @@ class MetricsLog:
             self._fd = None
         for sink in self.sinks:
             sink.close()
+
+
+def checkpoint_folder(run_dir) -> Path:
+    return Path(run_dir) / "checkpoint"
+
+
+def latest_checkpoint(run_dir) -> dict | None:
+    """``checkpoint/latest.json``: {"step", "world_size", "folder", "metrics_bytes"} of the last
+    complete checkpoint (``suite.train.checkpoint`` writes it), or None."""
+    path = checkpoint_folder(run_dir) / "latest.json"
+    return read_json(path) if path.exists() else None
+
+
+def truncate_metrics(run_dir: Path, size_bytes: int) -> None:
+    """Cut ``metrics.jsonl`` back to ``size_bytes`` (in place: open appenders stay valid). A run
+    resumed from a checkpoint keeps what was logged up to it and redoes the rest, so readers
+    never see a step twice."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.exists() and path.stat().st_size > size_bytes:
+        os.truncate(path, size_bytes)
+
+
+def archive_errors(run_dir: Path) -> None:
+    """Move the error records of an earlier attempt aside (``errors/attempt-<time>/``), so that a
+    resumed or requeued run is not taken for failed by the follower."""
+    errors = Path(run_dir) / "errors"
+    stale = list(errors.glob("rank*.txt"))
+    if stale:
+        target = errors / f"attempt-{int(time.time())}"
+        target.mkdir(exist_ok=True)
+        for path in stale:
+            path.replace(target / path.name)
 
 
 def iter_metrics(run_dir: Path, stats: dict | None = None):

@@ -18,13 +18,18 @@ from suite.record import run_record
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m suite.submit",
                                 description="Run a recipe (or each point of its sweep) through submitit.")
-    p.add_argument("recipe", help="recipe YAML, e.g. recipes/quickstart.yaml")
+    p.add_argument("recipe", nargs="?", help="recipe YAML, e.g. recipes/quickstart.yaml")
     p.add_argument("overrides", nargs="*", help="key.path=value, e.g. training.epochs=3 strategy.name=single")
     p.add_argument("--dry-run", action="store_true", help="validate and print the jobs, train nothing")
     p.add_argument("--out", default="runs", help="folder for run records (default: runs/)")
     p.add_argument("--executor", choices=["local", "slurm", "debug"], help="overrides launch.executor")
     p.add_argument("--no-wait", action="store_true", help="return after submitting")
-    return p.parse_intermixed_args(argv)
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped, cancelled or failed run from its last checkpoint")
+    args = p.parse_intermixed_args(argv)
+    if bool(args.recipe) == bool(args.resume):
+        p.error("give a recipe, or --resume RUN_DIR (not both)")
+    return args
 
 
 def main(argv=None) -> int:
@@ -51,6 +56,9 @@ def main(argv=None) -> int:
 def _main(args) -> int:
     from suite.estimate import predicted_held_bytes
 
+    if args.resume:
+        return _resume(args)
+
     overrides = list(args.overrides) + ([f"launch.executor={args.executor}"] if args.executor else [])
     points = recipes.load(args.recipe, overrides)
     estimates = []
@@ -65,15 +73,43 @@ def _main(args) -> int:
             print("---")
         print(f"{len(points)} job(s); nothing launched (--dry-run)")
         return 0
-    return _run_all(points, Path(args.out), wait=not args.no_wait)
+    out = Path(args.out)
+    runs = [(r, run_record.new_run_dir(r.name, recipes.dump(r), out)) for r in points]
+    return _run_all(runs, out, wait=not args.no_wait)
 
 
-def _run_all(points, out: Path, wait: bool) -> int:
+def _resume(args) -> int:
+    """Launch a run again into its own folder; its ranks resume from the last checkpoint."""
+    run_dir = Path(args.resume).resolve()
+    if not (run_dir / "recipe.yaml").is_file():
+        raise SuiteError(f"--resume {args.resume}: no run record there (expected {run_dir / 'recipe.yaml'}); "
+                         f"give a run folder that suite.submit wrote, e.g. runs/<name>-<time>-<id>")
+    if args.overrides:
+        raise SuiteError(f"--resume continues the run as it was recorded; overrides ({args.overrides[0]}, ...) "
+                         f"would change it: start a new run from the recipe instead")
+    status = (run_record.read_json(run_record.summary_path(run_dir)) if run_record.summary_path(run_dir).exists()
+              else {}).get("status")
+    if status == "completed":
+        raise SuiteError(f"--resume {args.resume}: the run has completed; nothing to resume")
+    from suite.record.status import state
+
+    if state(run_dir)["state"] == "running":
+        raise SuiteError(f"--resume {args.resume}: the run is still running (see python -m suite.status {args.resume})")
+    overrides = [f"launch.executor={args.executor}"] if args.executor else []
+    (recipe,) = recipes.load(run_dir / "recipe.yaml", overrides)
+    saved = run_record.latest_checkpoint(run_dir)
+    print(f"resuming {run_dir.name} from " + (f"its checkpoint at step {saved['step']}" if saved
+                                              else "the start (it has no checkpoint)"), flush=True)
+    run_record.archive_errors(run_dir)
+    return _run_all([(recipe, run_dir)], run_dir.parent, wait=not args.no_wait)
+
+
+def _run_all(runs, out: Path, wait: bool) -> int:
     import datetime
 
     from suite.submit import follow, launch
 
-    runs = [(r, run_record.new_run_dir(r.name, recipes.dump(r), out)) for r in points]
+    points = [r for r, _ in runs]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     if points[0].launch.executor == "local" and wait:
         # One machine: run the points one after another, so they do not compete for its cores.
@@ -93,9 +129,10 @@ def _run_all(points, out: Path, wait: bool) -> int:
         print(run_record.summary_text(summary, w.run_dir), flush=True)
 
     for batch in batches:
-        jobs = launch.submit(batch, out / f"sweep-{stamp}-submitit")
+        jobs = launch.submit(batch, out / f"sweep-{stamp}-submitit", watched=wait)
         watches = []
         for (r, run_dir), job in zip(batch, jobs):
+            run_record.record_job(run_dir, job.job_id, r.launch.executor)
             print(f"{run_record.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
             watches.append(follow.Watch(job, run_dir, r.training.epochs))
         if wait:

@@ -4,29 +4,43 @@ a message naming the job and the failing rank's log, within a bounded time: neve
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import submitit
 
-from suite.errors import RunFailed
+from suite.errors import RunCancelled, RunFailed
 from suite.record import run_record
+from suite.record.status import squeue
 
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-          "DEADLINE", "FINISHED", "INTERRUPTED")
+          "DEADLINE", "FINISHED", "INTERRUPTED", "ENDED")  # ENDED: a local job (see _update_state)
+
+
+# Reasons Slurm gives for a pending job that will never start as submitted.
+_NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
+                 "InvalidQOS", "ReqNodeNotAvail, UnavailableNodes", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob",
+                 "QOSMaxNodePerJobLimit", "QOSMaxWallDurationPerJobLimit", "AssocMaxCpuPerJobLimit",
+                 "AssocMaxNodesPerJobLimit", "AssocMaxWallDurationPerJobLimit", "AccountNotAllowed")
 
 
 class Watch:
     """One job and its run folder."""
 
     def __init__(self, job, run_dir: Path, total_epochs: int, printer=print, grace_s: float = 15.0,
-                 state_every_s: float = 2.0):
+                 state_every_s: float = 2.0, stop_timeout_s: float = 10.0):
         self.job, self.run_dir, self.printer = job, Path(run_dir), printer
         self.progress = _Progress(self.run_dir, total_epochs, printer, prefix=f"[{job.job_id}] ")
-        self.grace_s, self.state_every_s = grace_s, state_every_s
+        self.grace_s, self.state_every_s, self.stop_timeout_s = grace_s, state_every_s, stop_timeout_s
         self.state, self._state_at, self._failed_at, self._started = None, 0.0, None, set()
         self.cancelled_by_us = False
+        self.never_starts: str | None = None  # Slurm's reason, for a job that cannot start
+        self.local = isinstance(job, submitit.LocalJob)
 
     def poll(self) -> bool:
         """Update and print; True when the job has ended."""
@@ -41,10 +55,12 @@ class Watch:
         self._update_state()
         if self.state and self.state.split()[0] in ("RUNNING", "COMPLETED", "FINISHED"):
             self._report_started_ranks()
-        if self._failed_at is None and run_record.first_error(self.run_dir):
+        if self.state and self.state.split()[0] == "PENDING" and self._cannot_start():
+            return True
+        if self._failed_at is None and (run_record.first_error(self.run_dir) or self._dead_ranks()):
             self._failed_at = time.time()
         if self._failed_at is not None and time.time() - self._failed_at > self.grace_s and not self.ended:
-            self.job.cancel()  # a rank failed and its peers did not follow within the grace time
+            self.kill()  # a rank failed or died and its peers did not follow within the grace time
             self.cancelled_by_us = True
             return True
         return self.ended
@@ -57,12 +73,15 @@ class Watch:
         if time.time() - self._state_at < self.state_every_s and self.state is not None:
             return
         self._state_at = time.time()
-        if isinstance(self.job, submitit.local.local.LocalJob):
-            state = self.job.state
+        if self.local:
+            # submitit calls any ended local job FINISHED, failed or not: outcome() names the real end.
+            state = "RUNNING" if self.job.state == "RUNNING" else "ENDED"
         else:
-            state = self.job.watcher.get_state(self.job.job_id, mode="force")
+            self.job.done(force_check=True)  # refreshes the cached Slurm state
+            state = self.job.state
         if state != self.state:
-            self.printer(f"[{self.job.job_id}] {state}")
+            if state != "ENDED":
+                self.printer(f"[{self.job.job_id}] {state}")
             self.state = state
 
     def _report_started_ranks(self) -> None:
@@ -72,44 +91,154 @@ class Watch:
             self.printer(f"[{self.job.job_id}] ranks started: {sorted(started)} of {self.job.num_tasks} "
                          f"(logs: {self.job.paths.folder})")
 
+    def _cannot_start(self) -> bool:
+        """A pending Slurm job whose reason says it can never run as asked: cancel it, say why."""
+        reason = squeue(self.job.job_id, "%r")  # why it pends
+        if reason and any(reason.startswith(r) for r in _NEVER_STARTS):
+            self.never_starts = reason
+            self.job.cancel(check=False)
+            return True
+        return False
+
+    def _dead_ranks(self) -> list[int]:
+        """Local ranks whose process is gone while the job runs and that left no result: killed."""
+        if not self.local or self.state != "RUNNING":
+            return []
+        return [p["rank"] for p in run_record.rank_processes(self.run_dir)
+                if not psutil.pid_exists(p["pid"]) and not self.job.task(p["rank"]).paths.result_pickle.exists()]
+
+    # ---- stopping -------------------------------------------------------------------------
+    def _rank_processes(self) -> list:
+        """The local job's processes below submitit's controller (the ranks)."""
+        try:
+            return psutil.Process(int(self.job.job_id)).children(recursive=True)
+        except (psutil.NoSuchProcess, ValueError):
+            return []
+
+    def interrupt(self) -> None:
+        """Ask a local job's ranks to stop at their next agreed step (they save a checkpoint)."""
+        for proc in self._rank_processes():
+            try:
+                proc.send_signal(signal.SIGINT)
+            except psutil.NoSuchProcess:
+                pass
+
+    def kill(self) -> None:
+        """End the job now: SIGKILL a local job's ranks and controller; scancel a Slurm job."""
+        if not self.local:
+            self.job.cancel(check=False)
+            return
+        for proc in self._rank_processes() + [_process(self.job.job_id)]:
+            try:
+                if proc is not None:
+                    proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def stop(self) -> str:
+        """On Ctrl-C: a local job stops (gracefully within ``stop_timeout_s``, else killed) and is
+        marked cancelled; a Slurm job keeps running. Returns the line to print."""
+        name = f"job {self.job.job_id} (run {self.run_dir.name})"
+        if not self.local:
+            return (f"{name} keeps running on the cluster; see it with python -m suite.status {self.run_dir}, "
+                    f"cancel it with scancel {self.job.job_id}")
+        self.interrupt()
+        deadline = time.time() + self.stop_timeout_s
+        while time.time() < deadline and self.job.state == "RUNNING":
+            time.sleep(0.2)
+        if self.job.state == "RUNNING":
+            self.kill()
+        summary = _summary(self.run_dir)
+        if summary.get("status") in ("running", None):
+            run_record.update_summary(self.run_dir, status="cancelled", job_id=self.job.job_id,
+                                      error="cancelled before the ranks agreed on a stop step")
+            summary = _summary(self.run_dir)
+        if summary.get("status") == "completed":
+            return f"{name} had completed"
+        return (f"{name} cancelled at step {summary.get('steps', 0)}; steps so far are kept in {self.run_dir}; "
+                f"continue it with python -m suite.submit --resume {self.run_dir}")
+
+    # ---- the end --------------------------------------------------------------------------
     def outcome(self) -> dict:
         """The completed run's summary; RunFailed naming the job and the failing rank otherwise."""
         self.progress.show()
-        error = run_record.first_error(self.run_dir) or _submitit_error(self.job)
         job = f"job {self.job.job_id}"
-        silent = _silent_ranks(self.job, self.run_dir) if error and not self.cancelled_by_us else []
+        if self.never_starts:
+            why = f"cannot start: Slurm gives the reason {self.never_starts} (the request exceeds what the " \
+                  f"partition, account or QoS allows: check launch.nodes, tasks_per_node, cpus_per_task, " \
+                  f"mem_gb, gpus_per_node, timeout_min and partition against sinfo); the job was cancelled"
+            run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
+            raise RunFailed(f"{job} (run {self.run_dir.name}) {why}")
+        error = run_record.first_error(self.run_dir) or _submitit_error(self.job)
+        dead = self._dead_ranks() if self.cancelled_by_us else []
+        silent = _silent_ranks(self.job, self.run_dir) if (error or dead) and not self.cancelled_by_us else dead
         if silent:  # a rank vanished (killed, out of memory); its peers' errors only echo that
             rank = silent[0]
-            line = (f"rank {rank} died without a Python error (killed by a signal or the OOM killer?); "
-                    f"its peers then failed: rank {error[0]}: {error[1]}")
+            echo = f"; its peers then failed: rank {error[0]}: {error[1]}" if error else ""
+            line = f"rank {rank} died without a Python error (killed by a signal or the OOM killer?){echo}"
             run_record.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
+            self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {line} "
                             f"(rank {rank}'s log: {self.job.task(rank).paths.stderr})")
         if error:
             rank, line, path = error
             run_record.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
+            self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: rank {rank}: {line} "
                             f"(traceback: {path}; logs: {self.job.paths.folder})")
-        summary = run_record.read_json(self.run_dir / "summary.json") if (self.run_dir / "summary.json").exists() else {}
+        summary = _summary(self.run_dir)
+        if summary.get("status") == "cancelled":
+            self._say_end("CANCELLED")
+            raise RunCancelled(f"{job} (run {self.run_dir.name}) was cancelled at step {summary.get('steps', 0)}; "
+                               f"continue it with python -m suite.submit --resume {self.run_dir}")
         if summary.get("status") != "completed":
-            why = f"ended as {self.state}" if self.state else "ended without completing"
+            why = f"ended as {self.state}" if self.state and self.state != "ENDED" else "ended without completing"
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
+            self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}; rank 0's log: "
                             f"{self.job.task(0).paths.stderr}")
+        self._say_end("COMPLETED")
         return summary
+
+    def _say_end(self, state: str) -> None:
+        if self.local:
+            self.printer(f"[{self.job.job_id}] {state}")
 
 
 def wait(watches: list[Watch], poll_s: float = 0.5, on_done=None) -> None:
-    """Poll every job until all have ended; ``on_done(watch)`` is called once per ended job."""
+    """Poll every job until all have ended; ``on_done(watch)`` is called once per ended job.
+
+    Ctrl-C stops the local jobs still running (they save a checkpoint and are marked cancelled)
+    and leaves Slurm jobs running, saying how to follow or cancel them; then RunCancelled."""
     pending = list(watches)
-    while pending:
-        for w in list(pending):
-            if w.poll():
-                pending.remove(w)
-                if on_done:
-                    on_done(w)
-        if pending:
-            time.sleep(poll_s)
+    try:
+        while pending:
+            for w in list(pending):
+                if w.poll():
+                    pending.remove(w)
+                    if on_done:
+                        on_done(w)
+            if pending:
+                time.sleep(poll_s)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stopping short
+        if any(w.local for w in pending):
+            print(f"stopping: the ranks save a checkpoint and end (at most {pending[0].stop_timeout_s:.0f} s)",
+                  file=sys.stderr, flush=True)
+        lines = [w.stop() for w in pending]
+        raise RunCancelled("; ".join(lines)) from None
+
+
+def _summary(run_dir: Path) -> dict:
+    path = run_record.summary_path(run_dir)
+    return run_record.read_json(path) if path.exists() else {}
+
+
+def _process(pid: str):
+    try:
+        return psutil.Process(int(pid))
+    except (psutil.NoSuchProcess, ValueError):
+        return None
 
 
 def _silent_ranks(job, run_dir: Path) -> list[int]:
@@ -122,12 +251,12 @@ def _silent_ranks(job, run_dir: Path) -> list[int]:
 def _submitit_error(job):
     """A task that died before our loop could record anything (import error, bad pickle)."""
     for task_id in range(job.num_tasks):
-        pickle = job.task(task_id).paths.result_pickle
-        if pickle.exists():
-            status, value = submitit.core.utils.pickle_load(pickle)
-            if status == "error":
-                last = [ln for ln in str(value).strip().splitlines() if ln.strip()][-1]
-                return task_id, last, job.task(task_id).paths.stderr
+        task = job.task(task_id)
+        if task.paths.result_pickle.exists():
+            failure = task.exception()
+            if failure is not None:
+                last = [ln for ln in str(failure).strip().splitlines() if ln.strip()][-1]
+                return task_id, last, task.paths.stderr
     return None
 
 
@@ -137,7 +266,7 @@ class _Progress:
     def __init__(self, run_dir, total_epochs, printer, prefix="", every_s: float = 5.0):
         self.path = run_dir / "metrics.jsonl"
         self.total_epochs, self.printer, self.prefix, self.every_s = total_epochs, printer, prefix, every_s
-        self.offset = 0
+        self.offset = self.path.stat().st_size if self.path.exists() else 0  # a resumed run: only what is new
         self.last_print = time.time()
         self.last_step = None
 
@@ -145,12 +274,18 @@ class _Progress:
         if not self.path.exists():
             return
         with open(self.path, "rb") as f:
+            size = f.seek(0, 2)
+            if size < self.offset:  # cut back by a resumed run (to its checkpoint): go on from there
+                self.offset = size
             f.seek(self.offset)
             chunk = f.read()
         end = chunk.rfind(b"\n") + 1  # only whole lines
         self.offset += end
-        for line in chunk[:end].decode().splitlines():
-            rec = json.loads(line)
+        for line in chunk[:end].decode(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
             if rec.get("rank") != 0:
                 continue
             if rec["kind"] == "epoch":

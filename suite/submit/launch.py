@@ -3,7 +3,10 @@ one job array per launch shape), or in-process debug. ``suite.submit.follow`` wa
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import submitit
@@ -14,28 +17,60 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     On requeue (time limit, preemption) submitit runs this same object again; ``suite.train.rank.run``
     finds the checkpoint in the run folder and resumes from it.
+
+    ``master_port``: the rendezvous port, chosen free on this machine for a local job. On Slurm it
+    is None and the port is seeded by the job id; a MASTER_PORT exported in the submitting shell is
+    never reused (two runs at once would join each other's rendezvous).
+    ``watcher_pid``: the local ``suite.submit`` following the run (the run stops if it goes away).
     """
 
-    def __init__(self, recipe_json: dict, run_dir: str):
+    def __init__(self, recipe_json: dict, run_dir: str, master_port: int | None = None,
+                 watcher_pid: int | None = None):
         self.recipe_json = recipe_json
         self.run_dir = run_dir
+        self.master_port, self.watcher_pid = master_port, watcher_pid
 
     def __call__(self):
         env = submitit.JobEnvironment()
+        if self.master_port:
+            os.environ["MASTER_PORT"] = str(self.master_port)
+        else:
+            os.environ.pop("MASTER_PORT", None)
         if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
-            # Rendezvous from the job itself: first node's name, a port seeded by the job id.
+            # Rendezvous from the job itself: first node's name and the port above.
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         from suite import recipe as recipes
-        from suite.train import checkpoint, rank
+        from suite.train import rank, stop
 
         recipe = recipes.Recipe.model_validate(self.recipe_json)
         try:
-            rank.run(recipe, self.run_dir)
-        except checkpoint.Preempted as stop:
-            if stop.exit_code is not None:
-                sys.exit(stop.exit_code)  # submitit has requeued the job; the next attempt resumes
+            rank.run(recipe, self.run_dir, watcher_pid=self.watcher_pid)
+        except stop.Preempted as stopped:
+            if stopped.exit_code is not None:
+                sys.exit(stopped.exit_code)  # submitit has requeued the job; the next attempt resumes
+            return None
+        except stop.Cancelled:
             return None
         return env.global_rank
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def ctrl_c_reaches_only_us():
+    """Start local jobs with SIGINT ignored: a Ctrl-C in the terminal then reaches this process
+    alone (submitit's local controller would otherwise die with a traceback and SIGKILL the ranks
+    a second later). ``suite.submit`` forwards it to the ranks, which install their own handler
+    and stop at a step they agree on (``suite.train.stop``)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def make_executor(launch, folder: Path):
@@ -57,17 +92,25 @@ def make_executor(launch, folder: Path):
     return ex
 
 
-def submit(recipes_and_dirs: list, folder: Path | None = None) -> list:
+def submit(recipes_and_dirs: list, folder: Path | None = None, watched: bool = False) -> list:
     """Submit runs (recipe, run_dir); on Slurm, runs of one launch shape go as one job array.
 
     Each run's submitit files go to ``<run_dir>/submitit`` (an array's to ``folder``).
+    ``watched``: this process follows local runs to their end; they stop if it goes away.
     """
     if len(recipes_and_dirs) > 1 and recipes_and_dirs[0][0].launch.executor == "slurm":
         return _submit_arrays(recipes_and_dirs, folder)
     jobs = []
     for recipe, run_dir in recipes_and_dirs:
         ex = make_executor(recipe.launch, run_dir / "submitit")
-        jobs.append(ex.submit(TrainTask(recipe.model_dump(mode="json"), str(run_dir))))
+        local = recipe.launch.executor == "local"
+        task = TrainTask(recipe.model_dump(mode="json"), str(run_dir), master_port=free_port() if local else None,
+                         watcher_pid=os.getpid() if local and watched else None)
+        if local:
+            with ctrl_c_reaches_only_us():
+                jobs.append(ex.submit(task))
+        else:
+            jobs.append(ex.submit(task))
     return jobs
 
 

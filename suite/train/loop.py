@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from suite.record import metrics, run_record
-from suite.train import checkpoint
+from suite.train import checkpoint, stop
 
 
 class StepLoop:
@@ -113,7 +113,8 @@ class StepLoop:
     def _flush(self) -> None:
         """One all-reduce for all pending steps: each step's global loss is the sample-weighted
         mean of the losses ranks computed (ranks with no loss, e.g. early pipeline stages, add 0).
-        The same reduction carries the preemption flag, so every rank stops at the same step."""
+        The same reduction carries the stop requests (suite.train.stop), so every rank stops at the
+        same step."""
         if not self._pending:
             return
         zero = torch.zeros((), device=self.ctx.device)
@@ -125,8 +126,8 @@ class StepLoop:
                 torch.tensor(float(r.samples if has else 0), device=self.ctx.device),
                 r.correct.detach().float() if (has and r.correct is not None) else zero,
             ]))
-        stop = torch.tensor([[float(checkpoint.stop_requested()), 0.0, 0.0]], device=self.ctx.device)
-        table = torch.cat([torch.stack(rows), stop])
+        requests = torch.tensor([[*stop.requests(), 0.0]], device=self.ctx.device)  # summed: any rank's
+        table = torch.cat([torch.stack(rows), requests])
         local = table.clone()
         if self.ctx.world_size > 1:
             dist.all_reduce(table)
@@ -145,14 +146,18 @@ class StepLoop:
         if self.ctx.is_main:
             rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
             print(run_record.step_line(self.step, self.total_steps, p.losses[-1], rate), flush=True)
-        preempted = table[-1, 0].item() > 0
-        if preempted or self._checkpoint_due():
+        preempted, cancelled = (v > 0 for v in table[-1, :2].tolist())
+        if preempted or cancelled or self._checkpoint_due():
             checkpoint.save(self.run_dir, self.ctx, self.engine, self.state())
             self._saved_step = self.step
         if preempted:
             if self.ctx.is_main:
                 print(f"preempted: checkpoint saved at step {self.step}; handing over to requeue", flush=True)
-            checkpoint.hand_over_to_submitit(self.ctx)
+            stop.hand_over_to_submitit(self.ctx)
+        if cancelled:
+            if self.ctx.is_main:
+                print(f"cancelled: checkpoint saved at step {self.step}", flush=True)
+            stop.cancel(self.ctx)
 
     @torch.no_grad()
     def _evaluate(self, loader) -> dict:
@@ -184,9 +189,10 @@ class _EpochSums:
 
 def _maybe_fail(rank: int, step: int) -> None:
     """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP raises there,
-    RANK:STEP:kill kills the process (SIGKILL: no Python error, as with the OOM killer)."""
+    RANK:STEP:kill kills the process (SIGKILL: no Python error, as with the OOM killer).
+    (RANK:STEP:kill-in-save is suite.train.checkpoint's: a kill in the middle of a save.)"""
     spec = os.environ.get("SCALESUITE_FAIL_AT", "")
-    if spec.startswith(f"{rank}:{step}") and spec.split(":")[:2] == [str(rank), str(step)]:
-        if spec.endswith(":kill"):
-            os.kill(os.getpid(), signal.SIGKILL)
+    if spec == f"{rank}:{step}:kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if spec == f"{rank}:{step}":
         raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")

@@ -6,6 +6,7 @@ Called by ``suite.submit.launch`` inside each submitit task, or through
 """
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from pathlib import Path
@@ -21,7 +22,7 @@ from suite.models.task import Task
 from suite.record import metrics, run_record
 from suite.record.tracking import RankLog
 from suite.strategies.engine import Setup
-from suite.train import checkpoint, dist as sdist
+from suite.train import checkpoint, dist as sdist, stop
 from suite.train.loop import StepLoop
 
 
@@ -29,9 +30,14 @@ def new_run_dir(recipe, out: str | Path) -> Path:
     return run_record.new_run_dir(recipe.name, recipes.dump(recipe), out)
 
 
-def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs") -> Path:
-    """Train this rank's part of the run; rank 0 writes ``summary.json``. Returns the run folder."""
+def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", watcher_pid: int | None = None) -> Path:
+    """Train this rank's part of the run; rank 0 writes ``summary.json``. Returns the run folder.
+
+    ``watcher_pid``: the local ``suite.submit`` following the run; if it goes away, the run stops
+    (cancelled, with a checkpoint) rather than train on unwatched."""
     launch = recipe.launch
+    if run_dir is not None:  # before joining: a rank that dies in rendezvous is still known to have started
+        run_record.record_rank_process(run_dir, int(os.environ.get("RANK", 0)))
     ctx = sdist.init(launch.device, launch.devices_per_task, launch.cpus_per_task, launch.collective_timeout_s)
     try:
         if ctx.world_size != recipe.world_size:
@@ -39,8 +45,8 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs") -> 
                              f"launch.tasks_per_node) but {ctx.world_size} ranks started")
         run_dir = _agree_run_dir(ctx, recipe, run_dir, out)
         try:
-            _train(recipe, ctx, run_dir)
-        except checkpoint.Preempted:
+            _train(recipe, ctx, run_dir, watcher_pid)
+        except stop.Stopped:
             raise
         except BaseException as e:
             _record_error(run_dir, ctx.rank, e)
@@ -83,14 +89,19 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
                  seed=tr.seed, run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
 
-def _train(recipe, ctx, run_dir: Path) -> None:
+def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     tr = recipe.training
     if ctx.is_main:
-        run_record.write_summary(run_dir, {"status": "running", "name": recipe.name, "started_at": time.time()})
+        # Merged into what is there: a resumed run keeps its earlier fields until it ends.
+        run_record.update_summary(run_dir, status="running", name=recipe.name, started_at=time.time(),
+                                  error=None, failed_rank=None)
     torch.manual_seed(tr.seed)
     train_set, val_set = recipe.data.load()
     setup = make_setup(recipe, ctx, run_dir)
     engine = strategies.build(recipe.strategy, setup)
+    if ctx.is_main:  # a resumed run redoes what came after its checkpoint: drop those records
+        saved = checkpoint.latest(run_dir)
+        run_record.truncate_metrics(run_dir, saved["metrics_bytes"] if saved else 0)
     log = RankLog.open(recipe, ctx, run_dir)  # run record + W&B + utilisation thread
 
     per_rank_batch = tr.batch_size // engine.dp_size
@@ -108,14 +119,14 @@ def _train(recipe, ctx, run_dir: Path) -> None:
 
     loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task)
     loop.resume()
-    checkpoint.install_preemption_handler()
+    stop.install_handlers(watcher_pid)
     printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
         _write_summary(recipe, ctx, engine, run_dir, loop, epochs)
-    except checkpoint.Preempted:
+    except stop.Stopped as stopped:
         if ctx.is_main:
-            run_record.update_summary(run_dir, status="preempted", steps=loop.step, attempts=loop.attempts)
+            run_record.update_summary(run_dir, status=stopped.status, steps=loop.step, attempts=loop.attempts)
         raise
     except BaseException:
         loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
@@ -172,4 +183,4 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "torch": torch.__version__,
         **run_level,
     }
-    run_record.write_summary(run_dir, summary)
+    run_record.write_summary(run_dir, summary)  # replaces: no stale field of an earlier attempt stays
