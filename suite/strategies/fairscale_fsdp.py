@@ -1,7 +1,7 @@
 """fairscale's FullyShardedDataParallel: refused, with the reason and what to use instead.
 
 On CPU it cannot run on current torch: it needs CUDA ("Found no NVIDIA driver"; with
-``compute_device=cpu`` it fails with ``KeyError: 'all_gather'``), see notes/torch-parallel-cpu.md.
+``compute_device=cpu`` it fails with ``KeyError: 'all_gather'``), see docs/strategies.md.
 It is untested here on GPUs and superseded by torch's own FSDP (strategy ``fsdp``), which shards
 parameters, gradients and optimizer state the same way and runs on CPU and GPU.
 """

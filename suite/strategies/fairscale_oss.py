@@ -5,7 +5,7 @@ Each rank steps only the parameters it owns, then owners broadcast the new value
 - ``ddp`` (default): torch DDP all-reduces them; every rank holds every gradient.
 - ``sharded_ddp``: fairscale ShardedDataParallel reduces each gradient to its owner only (ZeRO-2).
   On current torch it trains WRONG if gradients are cleared with ``set_to_none=True`` (torch's
-  default): its grad buckets are not cleared and accumulate across steps (notes/torch-parallel-cpu.md).
+  default): its grad buckets are not cleared and accumulate across steps (docs/strategies.md).
   This engine clears through ShardedDataParallel.zero_grad(set_to_none=False); a test proves
   both the fix and the failure.
 """

@@ -5,7 +5,7 @@ backwards; ``1f1b``: one forward, one backward in the steady state, so fewer act
 
 With ``dp`` > 1 the world is a 2-D mesh (dp x stages; ranks of one pipeline are neighbours) and
 each stage is data-parallel over its dp group with FSDP2 ``fully_shard`` or the FSDP2-based
-``replicate``, never DDP: DDP + pipelining trains WRONG on current torch (notes/torch-parallel-cpu.md).
+``replicate``, never DDP: DDP + pipelining trains WRONG on current torch (docs/strategies.md).
 
 The loss exists only on the last stage; other stages report no loss (samples 0), so the loop's
 sample-weighted global loss stays exact. Each rank measures its idle ("bubble") fraction:
