@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from suite.record import run_record
+from suite.record import status as run_status
 
 RECORD_FILES = ("summary.json", "metrics.jsonl", "recipe.yaml")
 _NEEDED = ("strategy", "model", "world_size", "global_batch", "samples_per_s", "epoch_time_s", "ranks")
@@ -88,6 +89,10 @@ def load(path: Path) -> Run | Skipped:
     except run_record.BadSummary as e:
         return Skipped(path, str(e))
     status = summary.get("status")
+    if status in ("running", "preempted"):
+        seen = run_status.state(path)  # is anything still running it?
+        if seen["state"] == "lost":
+            return Skipped(path, f"lost: {seen['detail']}")
     if status != "completed":
         why = f": {summary['error']}" if summary.get("error") else ""
         return Skipped(path, f"incomplete: status is {status!r}, not 'completed'{why}")

@@ -124,7 +124,7 @@ def test_broken_runs_are_skipped_with_their_reason_not_a_crash(report):
     assert "different recipe" in reasons["other-recipe"]
     assert reasons["truncated"].startswith("missing metrics")
     assert "corrupt" in reasons["corrupt"]
-    assert reasons["running"].startswith("incomplete")
+    assert reasons["running"].startswith("lost")  # says running, but no rank process is alive
     assert reasons["no-metrics"].startswith("missing metrics")
     assert proc.stderr.count("skipped ") == 5
     assert "Skipped runs" in (out / "report.html").read_text()
