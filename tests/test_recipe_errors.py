@@ -50,3 +50,86 @@ def test_command_line_shows_no_traceback():
     assert proc.stderr.strip().splitlines() == [
         "error: strategy.name='warp' is not a known strategy; choose one of: single, ddp, allreduce"] or \
         "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---- inputs a new user gets wrong: each is one line naming the key (or file), exit 2 ----------------
+
+def assert_one_line(code, err, *named):
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err and "internal error" not in err, err
+    for word in named:
+        assert word in err, err
+
+
+@pytest.mark.parametrize("args, named", [
+    (["model.hidden=[1,2"], ["override model.hidden", "line 1, column 5"]),
+    (["model.hidden=!!python/object/apply:os.system [echo hi]"], ["override model.hidden", "YAML tags"]),
+    (["model.hidden=[-5]"], ["model.hidden.0=-5", "greater than 0"]),
+    (["model.hidden=[0]"], ["model.hidden.0=0", "greater than 0"]),
+    (["name=" + "a" * 300], ["name=", "file-name slug", "at most 100 characters"]),
+    (["name=../x"], ["name='../x'", "letters, digits, '.', '_' and '-'"]),
+    (["training.epochs=true"], ["training.epochs=True", "valid integer"]),
+    (["training.batch_size=64.5"], ["training.batch_size=64.5"]),
+    (["optimizer.lr=.inf"], ["optimizer.lr=inf", "finite"]),
+    (["training.seed=2024-01-01"], ["training.seed", "date"]),
+    (["model.name=cnn", "data.name=synthetic_tokens"], ["model.name=cnn", "data.name=synthetic_tokens"]),
+    (["data.name=synthetic_tokens"], ["model.name=mlp needs float inputs", "data.name=synthetic_tokens"]),
+    (["sweep.training.seed=7"], ["sweep.training.seed=7", "non-empty list"]),
+])
+def test_bad_override_is_one_line_naming_the_key(capsys, args, named):
+    assert_one_line(*run_cli(capsys, *args), *named)
+
+
+def test_a_dotted_sweep_on_the_command_line_expands(capsys):
+    assert submit.main([QUICKSTART, "sweep.training.seed=[0,1]", "--dry-run"]) == 0
+    assert "2 job(s); nothing launched" in capsys.readouterr().out
+
+
+def test_a_dotted_or_nested_sweep_gives_one_recipe_per_point(tmp_path):
+    from suite import recipe as recipes
+
+    path = tmp_path / "r.yaml"
+    path.write_text(open(QUICKSTART).read() + "sweep: {training: {seed: [0, 1]}, model.hidden: [[8], [8, 8]]}\n")
+    points = recipes.load(path)
+    assert [(p.training.seed, p.model.hidden) for p in points] == [(0, [8]), (0, [8, 8]), (1, [8]), (1, [8, 8])]
+    assert all(recipes._SLUG.fullmatch(p.name) for p in points) and len({p.name for p in points}) == 4
+    assert len(recipes.load(path, ["sweep.training.seed=[3,4,5]"])) == 6
+
+
+@pytest.mark.parametrize("content, named", [
+    ("name: x\nmodel: {name: mlp}\n".encode("utf-16"), ["r.yaml", "not UTF-8", "save it as UTF-8"]),
+    (b"name: caf\xe9\n", ["r.yaml", "not UTF-8", "byte 9"]),
+    (b"name: x\nmodel: [1, 2\n", ["r.yaml", "not valid YAML at line 3, column 1"]),
+    (b"name: !!python/object/apply:os.system [echo hi]\n", ["r.yaml", "YAML tags"]),
+    (b"- a\n- b\n", ["r.yaml", "must be a mapping"]),
+    (b"name: x\n1: 2\nmodel: {name: mlp}\n", ["key 1 must be text"]),
+])
+def test_bad_recipe_file_is_one_line_naming_the_file(capsys, tmp_path, content, named):
+    path = tmp_path / "r.yaml"
+    path.write_bytes(content)
+    code = submit.main([str(path), "--dry-run"])
+    assert_one_line(code, capsys.readouterr().err.strip(), *named)
+
+
+def test_a_recipe_path_that_is_a_directory_says_so(capsys):
+    code = submit.main(["recipes", "--dry-run"])
+    assert_one_line(code, capsys.readouterr().err.strip(), "recipe recipes is a directory")
+
+
+@pytest.mark.parametrize("out, named", [("file", "is a file, not a folder"), ("file/under", "Not a directory")])
+def test_out_must_be_a_writable_folder(capsys, tmp_path, out, named):
+    (tmp_path / "file").write_text("x")
+    code = submit.main([QUICKSTART, "--out", str(tmp_path / out)])
+    assert_one_line(code, capsys.readouterr().err.strip(), "--out", named)
+
+
+def test_out_unwritable(capsys, tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a folder without write permission; nothing to refuse")
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    code = submit.main([QUICKSTART, "--out", str(folder / "runs")])
+    assert_one_line(code, capsys.readouterr().err.strip(), "--out", "Permission denied")

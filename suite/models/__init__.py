@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from suite.data import DataSpec
+from suite.errors import SuiteError
 
 _MODULES = ["mlp", "cnn", "vgg", "autoencoder", "transformer"]
 MODELS = {}
@@ -21,5 +22,24 @@ for _m in _MODULES:
 
 def build(options, spec: DataSpec):
     """Build the model the recipe names for data of the given spec."""
+    check_fits(options, spec)
     _, factory = MODELS[options.name]
     return factory(options, spec)
+
+
+_INPUTS = {"features": ("float inputs", "data.name=digits, mnist, cifar10 or synthetic"),
+           "images": ("float images (channels x height x width)", "data.name=digits, mnist, cifar10 or synthetic"),
+           "tokens": ("token ids", "data.name=synthetic_tokens")}
+
+
+def check_fits(options, spec: DataSpec) -> None:
+    """SuiteError when the data's inputs are not of the kind the model takes (``ModelOptions.inputs``)."""
+    needs = type(options).inputs
+    tokens = spec.input_dtype == "int64"
+    fits = {"features": not tokens, "images": not tokens and len(spec.input_shape) == 3,
+            "tokens": tokens and len(spec.input_shape) == 1, None: True}[needs]
+    if not fits:
+        what, use = _INPUTS[needs]
+        shape = "x".join(map(str, spec.input_shape))
+        raise SuiteError(f"model.name={options.name} needs {what}, but data.name={spec.name} gives "
+                         f"{spec.input_dtype} inputs of shape {shape}; use {use}, or another model")

@@ -10,6 +10,7 @@ from suite.models.base import ModelOptions
 
 class Autoencoder(ModelOptions):
     name: Literal["autoencoder"] = "autoencoder"
+    inputs: ClassVar = "images"
     base_channels: PositiveInt = 16
     task: ClassVar = "reconstruction"
 

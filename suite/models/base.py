@@ -8,3 +8,7 @@ class ModelOptions(BaseModel):
     # What the model's output is compared with: "classification" (targets, cross-entropy,
     # accuracy), "reconstruction" (the input itself, MSE) or "language" (next tokens).
     task: ClassVar[Literal["classification", "reconstruction", "language"]] = "classification"
+    # The inputs the model takes, checked against the data before it is built (models.check_fits):
+    # "features" (float, any shape), "images" (float channels x height x width), "tokens" (int64
+    # ids), or None: the model's build checks for itself.
+    inputs: ClassVar[Literal["features", "images", "tokens", None]] = None

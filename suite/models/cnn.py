@@ -1,5 +1,5 @@
 """The small CNN of PyTorch's classic CIFAR-10 tutorial (two conv layers, three linear)."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -10,6 +10,7 @@ from suite.models.base import ModelOptions
 
 class CNN(ModelOptions):
     name: Literal["cnn"] = "cnn"
+    inputs: ClassVar = "images"
 
 
 OPTIONS = [CNN]

@@ -1,7 +1,8 @@
 """A multi-layer perceptron on flattened inputs."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 import math
+from pydantic import PositiveInt
 from torch import nn
 
 from suite.models.base import ModelOptions
@@ -9,7 +10,8 @@ from suite.models.base import ModelOptions
 
 class MLP(ModelOptions):
     name: Literal["mlp"] = "mlp"
-    hidden: list[int] = [256, 256]
+    inputs: ClassVar = "features"
+    hidden: list[PositiveInt] = [256, 256]  # widths of the hidden layers; [] is a linear model
 
 
 OPTIONS = [MLP]

@@ -6,7 +6,7 @@ the number of heads from the projected width, so that a tensor-parallel plan can
 column-wise (each rank then computes its own heads) without touching this code.
 No dropout: runs stay deterministic, which the parity checks rely on.
 """
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from suite.models.base import ModelOptions
 
 class Transformer(ModelOptions):
     name: Literal["transformer"] = "transformer"
+    inputs: ClassVar = "tokens"
     task = "language"
     vocab: Optional[PositiveInt] = None  # default: the data's vocabulary
     seq_len: Optional[PositiveInt] = None  # longest context (positions); default: the data's
@@ -85,9 +86,6 @@ class Block(nn.Module):
 
 
 def build(opts: Transformer, spec) -> nn.Sequential:
-    if spec.input_dtype != "int64":
-        raise SuiteError(f"model transformer needs token data; data {spec.name} gives {spec.input_dtype} "
-                         f"inputs. Use data.name=synthetic_tokens")
     (length,) = spec.input_shape
     vocab, seq_len = opts.vocab or spec.num_classes, opts.seq_len or length
     if vocab < spec.num_classes or seq_len < length:

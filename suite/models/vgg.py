@@ -4,7 +4,7 @@ torchvision's own head (25088 -> 4096 -> 4096) assumes 224x224 ImageNet inputs a
 120M parameters; CIFAR-style studies pool to 1x1 and use a small head, as here.
 ``width`` scales every conv layer's channels (0.25 gives a CPU-sized model).
 """
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import PositiveFloat, PositiveInt
 from torch import nn
@@ -15,6 +15,7 @@ from suite.models.base import ModelOptions
 
 class VGG11(ModelOptions):
     name: Literal["vgg11"] = "vgg11"
+    inputs: ClassVar = "images"
     width: PositiveFloat = 1.0
     batch_norm: bool = False
     classifier_hidden: PositiveInt = 512
