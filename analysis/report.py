@@ -19,7 +19,7 @@ from analysis.runs import load_all
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 
-THROUGHPUT = {"strategy": "strategy", "world_size": "world size", "global_batch": "global batch",
+THROUGHPUT = {"strategy_shown": "strategy", "world_size": "world size", "global_batch": "global batch",
               "runs": "runs", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "speedup": "speed-up",
               "scaling_efficiency": "scaling efficiency", "utilisation": "mean utilisation",
               "peak_memory": "peak memory per rank", "held": "held bytes per rank",
@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     for row in throughput:
         row["peak_memory"] = render.per_rank_bytes(row["peak_memory_bytes_per_rank"])
         row["held"] = render.per_rank_bytes(row["held_bytes_per_rank"])
+        # Ranks that shared cores: the row's times do not measure the strategy alone.
+        row["strategy_shown"] = row["strategy"] + (" (oversubscribed)" if row["oversubscribed"] else "")
         if row["utilisation_percent"] is not None:
             row["utilisation"] = f"{row['utilisation_percent']:.0f} % {row['utilisation_device']}"
     targets = tables.time_to_target_rows(runs, args.target_accuracy, args.target_loss)
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
                  "train_time_s": r.summary.get("train_time_s"), "epochs": r.summary.get("epochs"),
                  **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]
 
-    render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation")] if throughput else None)
+    render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation", "strategy_shown")] if throughput else None)
     for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("cost", costs), ("runs", run_rows),
                        ("wandb", wandb), ("skipped", [{"path": str(s.path), "reason": s.reason} for s in skipped])):
         render.write_csv(out / f"{name}.csv", rows)

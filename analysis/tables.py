@@ -121,6 +121,7 @@ def throughput_rows(all_configs) -> list[dict]:
             "held_bytes_per_rank": [mean(held_total(per_rank(r, "held_bytes")[i]) for r in c.runs) for i in range(n_ranks)],
             "achieved_flops_per_s": mean(r.summary.get("achieved_flops_per_s") for r in c.runs),
             "mfu": mean(r.summary.get("mfu") for r in c.runs),
+            "oversubscribed": any(r.summary.get("oversubscribed") for r in c.runs),
         })
     return rows
 

@@ -13,6 +13,11 @@ class DataOptions(BaseModel):
     def check_available(self) -> None:
         """Raise SuiteError if the data cannot be loaded (checked before launch)."""
 
+    def sizes(self) -> tuple[int, int] | None:
+        """(training, validation) samples the data set holds before limits, or None if unknown
+        before loading (checked before launch against the batch size and the node's memory)."""
+        return None
+
     def limited(self, train: TensorDataset, val: TensorDataset):
         return _head(train, self.limit_train), _head(val, self.limit_val)
 

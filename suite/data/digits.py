@@ -8,6 +8,8 @@ from torch.utils.data import TensorDataset
 from suite.data import DataSpec
 from suite.data.base import DataOptions
 
+_SAMPLES = 1797  # images in scikit-learn's digits
+
 
 class Digits(DataOptions):
     name: Literal["digits"] = "digits"
@@ -16,6 +18,10 @@ class Digits(DataOptions):
 
     def spec(self) -> DataSpec:
         return DataSpec(self.name, (1, 8, 8), 10)
+
+    def sizes(self):
+        n_val = int(_SAMPLES * self.val_fraction)
+        return _SAMPLES - n_val, n_val
 
     def load(self):
         from sklearn.datasets import load_digits

@@ -25,6 +25,9 @@ class Synthetic(DataOptions):
     def spec(self) -> DataSpec:
         return DataSpec(self.name, tuple(self.shape), self.classes)
 
+    def sizes(self):
+        return self.n_train, self.n_val
+
     def load(self):
         g = torch.Generator().manual_seed(self.seed)
         n = self.n_train + self.n_val

@@ -35,6 +35,9 @@ class SyntheticTokens(DataOptions):
         return DataSpec(self.name, (self.seq_len,), self.vocab, input_dtype="int64",
                         tokens_per_sample=self.seq_len)
 
+    def sizes(self):
+        return self.n_train, self.n_val
+
     def load(self):
         g = torch.Generator().manual_seed(self.seed)
         successors = torch.stack([torch.randperm(self.vocab, generator=g)[: self.branching]

@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch.utils.data import TensorDataset
 
-from suite.data import DataSpec
+from suite.data import DataSpec, files
 from suite.data.base import DataOptions, normalise
 from suite.errors import SuiteError
 
@@ -36,6 +36,11 @@ class _Vision(DataOptions):
         folder = Path(self.root).expanduser().resolve() / _SETS[self.name][1]
         if not folder.is_dir() or not any(folder.iterdir()):
             raise self._missing()
+        files.check(self.name, folder)  # names a file that is missing, truncated or garbled
+
+    def sizes(self):
+        folder = Path(self.root).expanduser().resolve() / _SETS[self.name][1]
+        return files.check(self.name, folder) if folder.is_dir() and any(folder.iterdir()) else None
 
     def _missing(self) -> SuiteError:
         folder = Path(self.root).expanduser().resolve() / _SETS[self.name][1]

@@ -86,6 +86,7 @@ class Summary(BaseModel):
     achieved_flops_per_s: Optional[float] = None
     peak_flops_per_s: Optional[float] = None
     mfu: Optional[float] = None
+    oversubscribed: Optional[bool] = None  # more threads than cores on a node: times are not comparable
     torch: Optional[str] = None
     error: Optional[str] = None
     failed_rank: Optional[int] = None

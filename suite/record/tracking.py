@@ -11,12 +11,21 @@ The metrics themselves are defined in ``suite.record.metrics``.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from suite.record import flops, metrics, run_record, wandb_sink
 from suite.record.utilisation import UtilisationSampler, probe_for
+
+
+def oversubscribed(ctx) -> bool:
+    """More threads on this node (its ranks x this rank's threads) than the cores the job has there
+    (Slurm's allocation, else the cores this process may use): ranks then wait for each other's cores."""
+    cores = int(os.environ.get("SLURM_CPUS_ON_NODE") or len(os.sched_getaffinity(0)))
+    return ctx.local_world_size * torch.get_num_threads() > cores
 
 
 class RankLog:
@@ -65,7 +74,7 @@ class RankLog:
         """Run-wide FLOPs and MFU (every rank calls this: it also fills each rank's W&B summary)."""
         devices = recipe.world_size * recipe.launch.devices_per_task
         flops_per_step = flops.train_step_flops(recipe) if ctx.is_main else None
-        out = {"flops_per_step": flops_per_step, "devices": devices,
+        out = {"flops_per_step": flops_per_step, "devices": devices, "oversubscribed": oversubscribed(ctx),
                "achieved_flops_per_s": metrics.rate((flops_per_step or 0) * loop.step, loop.train_time_s)
                if flops_per_step else None}
         peak = recipe.tracking.peak_flops_per_s or flops.peak_flops_per_s(

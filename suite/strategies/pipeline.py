@@ -62,6 +62,10 @@ class Options(StrategyOptions):
             raise SuiteError(f"strategy.micro_batches={self.micro_batches} must divide the batch of each "
                              f"data-parallel rank ({tr.batch_size} / dp {dp} = {per_rank}); "
                              f"choose a divisor of {per_rank}")
+        if self.schedule == "1f1b" and self.micro_batches < stages:
+            # torch refuses it inside the ranks (Schedule1F1B: micro-batches must be >= stages).
+            raise SuiteError(f"strategy.schedule=1f1b needs strategy.micro_batches >= strategy.stages ({stages}), "
+                             f"but micro_batches={self.micro_batches}; raise micro_batches or use schedule=gpipe")
         check_recipe_split(recipe, self.split_at, stages)
 
     def held_fraction(self, total: dict, world_size: int) -> dict:

@@ -24,6 +24,7 @@ def parse_args(argv):
     p.add_argument("--out", default="runs", help="folder for run records (default: runs/)")
     p.add_argument("--executor", choices=["local", "slurm", "debug"], help="overrides launch.executor")
     p.add_argument("--no-wait", action="store_true", help="return after submitting")
+    p.add_argument("--force", action="store_true", help="launch even if the predicted bytes exceed the node's memory")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped, cancelled or failed run from its last checkpoint")
     args = p.parse_intermixed_args(argv)
@@ -54,17 +55,14 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from suite.estimate import predicted_held_bytes
+    from suite.submit import preflight
 
     if args.resume:
         return _resume(args)
 
     overrides = list(args.overrides) + ([f"launch.executor={args.executor}"] if args.executor else [])
     points = recipes.load(args.recipe, overrides)
-    estimates = []
-    for r in points:
-        r.data.check_available()
-        estimates.append(predicted_held_bytes(r))  # also builds the model on meta: catches shape errors
+    estimates = preflight.check(points, Path(args.out), force=args.force, dry_run=args.dry_run)  # data, device, memory, Slurm
     if args.dry_run:
         for r, est in zip(points, estimates):
             print(recipes.dump(r).rstrip())

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import submitit
 
+from suite.errors import SuiteError
+from suite.record import run_record
+
 
 class TrainTask(submitit.helpers.Checkpointable):
     """What each submitit task runs: join the job's process group and train one rank.
@@ -98,6 +101,19 @@ def submit(recipes_and_dirs: list, folder: Path | None = None, watched: bool = F
     Each run's submitit files go to ``<run_dir>/submitit`` (an array's to ``folder``).
     ``watched``: this process follows local runs to their end; they stop if it goes away.
     """
+    try:
+        return _submit(recipes_and_dirs, folder, watched)
+    except submitit.core.utils.FailedJobError as e:
+        # sbatch refused: no run of this submission started, so none is left looking under way.
+        why = " ".join(str(e).split())[-300:]
+        for _, run_dir in recipes_and_dirs:
+            if not (Path(run_dir) / "job.json").exists():
+                run_record.update_summary(run_dir, status="failed", error=f"not submitted: {why}")
+        raise SuiteError(f"sbatch refused the job ({why}); check launch.partition, account, qos, "
+                         f"gpus_per_node and sbatch_extra") from None
+
+
+def _submit(recipes_and_dirs: list, folder: Path | None, watched: bool) -> list:
     if len(recipes_and_dirs) > 1 and recipes_and_dirs[0][0].launch.executor == "slurm":
         return _submit_arrays(recipes_and_dirs, folder)
     jobs = []
