@@ -40,7 +40,9 @@ class _Vision(DataOptions):
 
     def sizes(self):
         folder = Path(self.root).expanduser().resolve() / _SETS[self.name][1]
-        return files.check(self.name, folder) if folder.is_dir() and any(folder.iterdir()) else None
+        if self.download or not folder.is_dir() or not any(folder.iterdir()):
+            return None  # torchvision fetches what is missing: known only after the download
+        return files.check(self.name, folder)
 
     def _missing(self) -> SuiteError:
         folder = Path(self.root).expanduser().resolve() / _SETS[self.name][1]
