@@ -87,13 +87,13 @@ def test_a_dotted_sweep_on_the_command_line_expands(capsys):
 
 
 def test_a_dotted_or_nested_sweep_gives_one_recipe_per_point(tmp_path):
-    from suite import recipe as recipes
+    from suite import recipe as recipes, recipe_text
 
     path = tmp_path / "r.yaml"
     path.write_text(open(QUICKSTART).read() + "sweep: {training: {seed: [0, 1]}, model.hidden: [[8], [8, 8]]}\n")
     points = recipes.load(path)
     assert [(p.training.seed, p.model.hidden) for p in points] == [(0, [8]), (0, [8, 8]), (1, [8]), (1, [8, 8])]
-    assert all(recipes._SLUG.fullmatch(p.name) for p in points) and len({p.name for p in points}) == 4
+    assert all(recipe_text._SLUG.fullmatch(p.name) for p in points) and len({p.name for p in points}) == 4
     assert len(recipes.load(path, ["sweep.training.seed=[3,4,5]"])) == 6
 
 
