@@ -270,8 +270,11 @@ def truncate_metrics(run_dir: Path, size_bytes: int) -> None:
 
 
 def archive_errors(run_dir: Path) -> None:
-    """Move the error records of an earlier attempt aside (``errors/attempt-<time>/``), so that a
-    resumed or requeued run is not taken for failed by the follower."""
+    """Move the error records of an earlier attempt aside (``errors/attempt-<time>/``), and drop
+    its rank process records, so that a resumed run is not taken for failed by the follower."""
+    import shutil
+
+    shutil.rmtree(Path(run_dir) / "ranks", ignore_errors=True)
     errors = Path(run_dir) / "errors"
     stale = list(errors.glob("rank*.txt"))
     if stale:

@@ -40,6 +40,7 @@ class Watch:
         self.state, self._state_at, self._failed_at, self._started = None, 0.0, None, set()
         self.cancelled_by_us = False
         self.never_starts: str | None = None  # Slurm's reason, for a job that cannot start
+        self._since = time.time()  # rank process records older than this are an earlier attempt's
         self.local = isinstance(job, submitit.LocalJob)
 
     def poll(self) -> bool:
@@ -105,7 +106,8 @@ class Watch:
         if not self.local or self.state != "RUNNING":
             return []
         return [p["rank"] for p in run_record.rank_processes(self.run_dir)
-                if not psutil.pid_exists(p["pid"]) and not self.job.task(p["rank"]).paths.result_pickle.exists()]
+                if p["started_at"] >= self._since - 1  # not an earlier attempt's (one machine: one clock)
+                and not psutil.pid_exists(p["pid"]) and not self.job.task(p["rank"]).paths.result_pickle.exists()]
 
     # ---- stopping -------------------------------------------------------------------------
     def _rank_processes(self) -> list:
