@@ -31,9 +31,11 @@ def steps_by_number(run_dir):
     return [latest[k] for k in sorted(latest)]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "allreduce"])
-def test_preempted_run_resumes_to_the_same_losses(strategy, tmp_path, monkeypatch):
-    recipe = make_recipe({"name": strategy}, world_size=2, **RESUMABLE)
+@pytest.mark.parametrize("strategy, wandb", [("ddp", "offline"), ("allreduce", "disabled")])
+def test_preempted_run_resumes_to_the_same_losses(strategy, wandb, tmp_path, monkeypatch):
+    # offline: the default tracking users run (W&B offline), not switched off for the test
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    recipe = make_recipe({"name": strategy}, world_size=2, tracking={"wandb": wandb}, **RESUMABLE)
     whole = tmp_path / "whole"
     whole.mkdir()
     assert run_ranks(run_until_stopped, 2, recipe, whole) == ["completed"] * 2
@@ -62,6 +64,9 @@ def test_preempted_run_resumes_to_the_same_losses(strategy, tmp_path, monkeypatc
     done = json.loads((cut / "summary.json").read_text())
     assert done["status"] == "completed" and [a["from_step"] for a in done["attempts"]] == [0, 6]
     assert done["final"] == json.loads((whole / "summary.json").read_text())["final"]
+    if wandb == "offline":  # one W&B run per rank, written once the run completed
+        from analysis import wandb_runs
+        assert len(wandb_runs.run_dirs(cut)) == 2
 
 
 def test_periodic_checkpoints_let_a_crashed_run_resume(tmp_path, monkeypatch):

@@ -1,13 +1,15 @@
-"""Tracking: offline W&B per rank, the utilisation sampler, throughput, FLOPs and MFU."""
+"""Tracking: W&B per rank written from the run record after training (never during it), the
+utilisation sampler, throughput, FLOPs and MFU."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from analysis import wandb_runs
-from suite.record import flops, metrics, wandb_sink
+from suite.record import flops, metrics, run_record, wandb_export
 from suite.train import rank as train_rank
 from suite.record.utilisation import CpuProbe, UtilisationSampler
 from suite.record.run_record import read_json, read_metrics
@@ -38,7 +40,11 @@ def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metr
         assert len(steps) == 8 and wandb_runs.step_metrics(info) == steps
         epochs = [{k[6:]: v for k, v in row.items() if k.startswith("epoch/")} for row in info["history"]]
         assert [e for e in epochs if e] == _records(run_dir, "epoch", rank)
-        assert wandb_runs.system_summary(info)["rss_mb_peak"] > 0, "W&B sampled system metrics"
+        utilisation = [row for row in info["history"] if "utilisation/rss_bytes" in row]
+        # W&B keeps one row per training step: readings taken within one step share it (the last wins).
+        readings = {r["rss_bytes"] for r in _records(run_dir, "utilisation", rank)}
+        assert utilisation and all(row["utilisation/rss_bytes"] in readings for row in utilisation)
+        assert info["stats"] == [], "W&B's own system sampling stays off: the utilisation records carry it"
     assert not (tmp_path / "wandb").exists()
 
     summary = read_json(run_dir / "summary.json")
@@ -85,25 +91,30 @@ def test_sampler_reads_a_busy_process_and_stops_promptly():
 
 def test_wandb_mode_comes_from_the_environment_first(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert wandb_sink.resolve_mode("offline") == "disabled"
-    assert wandb_sink.open_sinks(make_recipe({"name": "single"}, tracking={"wandb": "offline"}), 0, Path(".")) == []
+    assert wandb_export.resolve_mode("offline") == "disabled"
     monkeypatch.setenv("WANDB_MODE", "dryrun")
-    assert wandb_sink.resolve_mode("online") == "offline"
+    assert wandb_export.resolve_mode("online") == "offline"
     monkeypatch.delenv("WANDB_MODE")
-    assert wandb_sink.resolve_mode("online") == "online"
+    assert wandb_export.resolve_mode("online") == "online"
 
 
-def _open_online(run_dir):
-    recipe = make_recipe({"name": "single"}, tracking={"wandb": "online"})
+def _tiny_record(folder, wandb_mode="offline"):
+    run_dir = run_record.new_run_dir("tiny", f"name: tiny\ntracking: {{wandb: {wandb_mode}}}\n", folder)
+    log = run_record.MetricsLog(run_dir, 0)
+    for step in range(3):
+        log.log("step", step=step, epoch=0, global_loss=1.0 / (step + 1))
+    log.close()
+    return run_dir
+
+
+def _export_online(run_dir):
     t0 = time.time()
-    sink = wandb_sink.open_sinks(recipe, 0, Path(run_dir))[0]
-    took = time.time() - t0
-    sink.close()
-    return sink.mode, took
+    notice = wandb_export.export_rank(run_dir, 0, "online")
+    return notice, time.time() - t0
 
 
-@pytest.mark.parametrize("key", [None, "a" * 40])
-def test_online_without_a_key_or_a_server_falls_back_to_offline_within_seconds(tmp_path, monkeypatch, capfd, key):
+@pytest.mark.parametrize("key", [None, "a" * 40, "short"])
+def test_online_without_a_usable_key_or_a_server_falls_back_to_offline_within_seconds(tmp_path, monkeypatch, key):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
@@ -112,10 +123,66 @@ def test_online_without_a_key_or_a_server_falls_back_to_offline_within_seconds(t
         monkeypatch.setenv("WANDB_API_KEY", key)
     else:
         monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    mode, took = run_ranks(_open_online, 1, str(tmp_path), timeout_s=60)[0]  # own process: W&B state stays there
+    run_dir = _tiny_record(tmp_path, "online")
+    notice, took = run_ranks(_export_online, 1, run_dir, timeout_s=60)[0]  # own process: W&B state stays there
     # W&B's own default would wait 90 s for the server; this bound includes importing wandb and
     # starting the offline run (~4 s idle, more on 2 busy cores).
-    assert mode == "offline" and took < 30
-    said = capfd.readouterr().out
-    assert said.count("W&B online is not available") == 1
-    assert wandb_runs.run_dirs(tmp_path)
+    assert notice.startswith("W&B online is not available") and took < 30
+    (written,) = wandb_runs.run_dirs(run_dir)
+    assert [r["step"] for r in wandb_runs.step_metrics(wandb_runs.read(written))] == [0, 1, 2]
+
+
+def test_no_wandb_runs_in_a_rank_while_it_trains(tmp_path, monkeypatch):
+    import sys
+
+    import psutil
+
+    from suite.train import loop as loop_module
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the default: offline
+    seen = tmp_path / "seen.txt"
+    real_run = loop_module.StepLoop.run
+
+    def run_and_look(self, *args, **kwargs):
+        out = real_run(self, *args, **kwargs)
+        helpers = [p.name() for p in psutil.Process().children(recursive=True)]
+        wandb_run = "wandb" in sys.modules and sys.modules["wandb"].run is not None  # (pytest may have imported it)
+        seen.write_text(f"{wandb_run} {any('wandb' in h for h in helpers)}")
+        return out
+
+    monkeypatch.setattr(loop_module.StepLoop, "run", run_and_look)
+    recipe = make_recipe({"name": "single"}, tracking={"wandb": "offline"})
+    step_losses(recipe, tmp_path / "run")
+    assert seen.read_text() == "False False", "W&B was imported or running during training"
+    assert wandb_runs.run_dirs(tmp_path / "run"), "and yet the run has its W&B run afterwards"
+
+
+def test_a_failing_wandb_export_leaves_the_run_completed_and_says_so(tmp_path, monkeypatch, capfd):
+    import wandb
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("W&B is broken today")
+
+    monkeypatch.setattr(wandb, "init", broken)
+    step_losses(make_recipe({"name": "single"}, tracking={"wandb": "offline"}), tmp_path)
+    summary = read_json(tmp_path / "summary.json")
+    assert summary["status"] == "completed"
+    assert "W&B export of rank 0 failed (RuntimeError: W&B is broken today)" in summary["wandb_notice"]
+    assert capfd.readouterr().out.count("W&B export of rank 0 failed") == 1
+
+
+def test_export_writes_wandb_runs_from_a_run_recorded_with_wandb_disabled(tmp_path):
+    import subprocess
+    import sys
+
+    recipe = make_recipe({"name": "single"}, tracking={"wandb": "disabled"})
+    run_dir = train_rank.new_run_dir(recipe, tmp_path)
+    step_losses(recipe, run_dir)
+    assert not wandb_runs.run_dirs(run_dir)
+    proc = subprocess.run([sys.executable, "-m", "suite.export", str(run_dir)], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items() if k != "WANDB_MODE"})
+    assert proc.returncode == 0, proc.stderr
+    (written,) = wandb_runs.run_dirs(run_dir)
+    assert wandb_runs.step_metrics(wandb_runs.read(written)) == _records(run_dir, "step", 0)

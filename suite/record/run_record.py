@@ -91,6 +91,7 @@ class Summary(BaseModel):
     error: Optional[str] = None
     failed_rank: Optional[int] = None
     job_id: Optional[str] = None
+    wandb_notice: Optional[str] = None  # W&B fell back to offline, or its export failed
 
 
 class BadSummary(ValueError):
@@ -227,26 +228,19 @@ def error_ranks(run_dir: Path) -> set[int]:
 
 
 class MetricsLog:
-    """Appends records to ``metrics.jsonl``: one line per record, tagged with the rank; each
-    record also goes to the extra ``sinks`` (W&B)."""
+    """Appends records to ``metrics.jsonl``: one line per record, tagged with the rank."""
 
-    def __init__(self, run_dir: Path, rank: int, sinks=()):
+    def __init__(self, run_dir: Path, rank: int):
         self.rank = rank
-        self.sinks = list(sinks)
         self._fd = os.open(Path(run_dir) / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def log(self, kind: str, **fields) -> None:
-        record = {"kind": kind, "rank": self.rank, **fields}
-        os.write(self._fd, (json.dumps(record) + "\n").encode())
-        for sink in self.sinks:
-            sink.log(record)
+        os.write(self._fd, (json.dumps({"kind": kind, "rank": self.rank, **fields}) + "\n").encode())
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        for sink in self.sinks:
-            sink.close()
 
 
 def checkpoint_folder(run_dir) -> Path:
@@ -353,5 +347,7 @@ def summary_text(s: dict, run_dir: Path) -> str:
         lines.append("  final " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     mem = " + ".join(f"{r['peak_memory_bytes'] / 2**30:.2f}" for r in s["ranks"])
     lines.append(f"  peak memory per rank: {mem} GiB")
+    if s.get("wandb_notice"):
+        lines.append(f"  {s['wandb_notice']}")
     lines.append(f"run record: {run_dir}")
     return "\n".join(lines)

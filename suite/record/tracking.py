@@ -1,11 +1,10 @@
 """What one rank records while it trains, in one object, so that ``suite.train.rank`` stays short.
 
-``RankLog.open`` starts this rank's ``MetricsLog`` (the run record) with its W&B sink unless
-tracking is disabled, and the utilisation thread (``suite.record.utilisation``). At the end:
+``RankLog.open`` starts this rank's ``MetricsLog`` (the run record) and the utilisation thread (``suite.record.utilisation``). At the end:
 - ``rank_fields``: this rank's entries of ``summary.json``'s ``ranks`` list: utilisation means
-  and peaks, the rank's throughput, the device's name and the W&B mode actually used;
+  and peaks, the rank's throughput, the device's name and the W&B mode asked for;
 - ``run_fields``: run-wide entries: FLOPs per step, achieved FLOP/s and, when the peak is known,
-  MFU; it also sends each rank's summary to its sinks (the W&B run summary).
+  MFU; each rank's summary is also logged as a ``summary`` record (the W&B run summary).
 
 The metrics themselves are defined in ``suite.record.metrics``.
 """
@@ -17,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from suite.record import flops, metrics, run_record, wandb_sink
+from suite.record import flops, metrics, run_record, wandb_export
 from suite.record.utilisation import UtilisationSampler, probe_for
 
 
@@ -29,7 +28,7 @@ def oversubscribed(ctx) -> bool:
 
 
 class RankLog:
-    """This rank's run-record writer, W&B sink and utilisation thread."""
+    """This rank's run-record writer and utilisation thread."""
 
     def __init__(self, records: run_record.MetricsLog, utilisation: UtilisationSampler, wandb_mode: str):
         self.records, self.utilisation, self.wandb_mode = records, utilisation, wandb_mode
@@ -37,14 +36,13 @@ class RankLog:
 
     @classmethod
     def open(cls, recipe, ctx, run_dir: Path) -> "RankLog":
-        sinks = wandb_sink.open_sinks(recipe, ctx.rank, run_dir)
-        records = run_record.MetricsLog(run_dir, ctx.rank, sinks=sinks)
+        records = run_record.MetricsLog(run_dir, ctx.rank)
         utilisation = UtilisationSampler(probe_for(ctx.device), recipe.tracking.sample_interval_s,
                                          lambda **reading: records.log("utilisation", **reading)).start()
         if ctx.world_size > 1:
-            # W&B starts in 1-3 s, unevenly: without this, a late rank's start is timed as its peers' first step.
-            dist.barrier()
-        return cls(records, utilisation, sinks[0].mode if sinks else "disabled")
+            dist.barrier()  # ranks start timing together: a late rank's start is not its peers' first step
+        # W&B is written from the record once the run ends (suite.record.wandb_export), not now.
+        return cls(records, utilisation, wandb_export.resolve_mode(recipe.tracking.wandb))
 
     def log(self, kind: str, **fields) -> None:
         self.records.log(kind, **fields)
@@ -56,8 +54,7 @@ class RankLog:
         return self._utilisation_summary
 
     def close(self) -> None:
-        """Also on failure: the utilisation thread stops before the file it writes to closes,
-        then W&B runs finish."""
+        """Also on failure: the utilisation thread stops before the file it writes to closes."""
         self.stop_utilisation()
         self.records.close()
 
@@ -71,7 +68,7 @@ class RankLog:
                 **self.stop_utilisation()}
 
     def run_fields(self, recipe, ctx, loop, ranks: list[dict]) -> dict:
-        """Run-wide FLOPs and MFU (every rank calls this: it also fills each rank's W&B summary)."""
+        """Run-wide FLOPs and MFU (every rank calls this: it also logs each rank's summary record)."""
         devices = recipe.world_size * recipe.launch.devices_per_task
         flops_per_step = flops.train_step_flops(recipe) if ctx.is_main else None
         out = {"flops_per_step": flops_per_step, "devices": devices, "oversubscribed": oversubscribed(ctx),

@@ -19,7 +19,7 @@ from suite import recipe as recipes, strategies
 from suite.errors import SuiteError
 from suite.models import MODELS, build as build_model
 from suite.models.task import Task
-from suite.record import metrics, run_record
+from suite.record import metrics, run_record, wandb_export
 from suite.record.tracking import RankLog
 from suite.strategies.engine import Setup
 from suite.train import checkpoint, dist as sdist, stop
@@ -47,13 +47,25 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
         try:
             _train(recipe, ctx, run_dir, watcher_pid)
         except stop.Stopped:
-            raise
+            raise  # not the end: a requeued or resumed attempt goes on (and exports then)
         except BaseException as e:
             _record_error(run_dir, ctx.rank, e)
+            _export_wandb(recipe, ctx, run_dir)
             raise
+        _export_wandb(recipe, ctx, run_dir)
     finally:
         sdist.close()
     return run_dir
+
+
+def _export_wandb(recipe, ctx, run_dir: Path) -> None:
+    """After training, never during it: this rank's records into its W&B run. A fallback or a
+    failure is said once (rank 0's notice also goes into summary.json, which suite.submit prints)."""
+    notice = wandb_export.export_rank(run_dir, ctx.rank, wandb_export.resolve_mode(recipe.tracking.wandb))
+    if notice and ctx.is_main:
+        print(notice, flush=True)
+        if run_record.summary_path(run_dir).exists():
+            run_record.update_summary(run_dir, wandb_notice=notice)
 
 
 def _agree_run_dir(ctx, recipe, run_dir, out) -> Path:
@@ -132,7 +144,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
         raise
     finally:
-        log.close()  # also on failure: W&B runs finish, the utilisation thread stops
+        log.close()  # also on failure: the utilisation thread stops, the file closes
         engine.close()
 
 
@@ -146,7 +158,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         dist.all_gather_object(ranks, mine)
     else:
         ranks = [mine]
-    run_level = loop.log.run_fields(recipe, ctx, loop, ranks)  # FLOPs, MFU; W&B summaries
+    run_level = loop.log.run_fields(recipe, ctx, loop, ranks)  # FLOPs, MFU; each rank's summary record
     if not ctx.is_main:
         return
     last = epochs[-1] if epochs else {}
