@@ -9,10 +9,14 @@ from pathlib import Path
 from suite.record.run_record import read_metrics
 
 
+# What users run: the recipe's own tracking (W&B offline), not the tests' WANDB_MODE=disabled.
+DEFAULT_TRACKING = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+
+
 def submit(tmp_path, *args, env=None, timeout=240):
     return subprocess.run([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "--out", str(tmp_path),
                            *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**DEFAULT_TRACKING, **(env or {})})
 
 
 def only_run(tmp_path) -> Path:

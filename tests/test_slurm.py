@@ -1,6 +1,7 @@
 """Runs through a real Slurm (the local cluster .ci/run starts with slurm/start.sh): multi-task and
 multi-node runs, preemption with requeue and exact resume, job arrays, cancelled jobs."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,14 +19,18 @@ pytestmark = pytest.mark.skipif(shutil.which("sinfo") is None,
 SHORT = ["training.epochs=2"]
 
 
+# What users run: the recipe's own tracking (W&B offline), not the tests' WANDB_MODE=disabled.
+DEFAULT_TRACKING = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+
+
 def submit(out, *args, timeout=300):
     return subprocess.run([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=DEFAULT_TRACKING)
 
 
 def start(out, *args):
     return subprocess.Popen([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "--out", str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=DEFAULT_TRACKING)
 
 
 def runs(out):

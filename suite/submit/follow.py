@@ -78,8 +78,7 @@ class Watch:
             # submitit calls any ended local job FINISHED, failed or not: outcome() names the real end.
             state = "RUNNING" if self.job.state == "RUNNING" else "ENDED"
         else:
-            self.job.done(force_check=True)  # refreshes the cached Slurm state
-            state = self.job.state
+            state = self.job.get_info(mode="force").get("State") or "UNKNOWN"  # asks Slurm now, not a cache
         if state != self.state:
             if state != "ENDED":
                 self.printer(f"[{self.job.job_id}] {state}")
