@@ -1,9 +1,22 @@
-"""Data registry: recipe ``data.name`` -> options class + loader.
+"""Data registry: recipe ``data.name`` -> options class, each loaded through one contract
+(``docs/plugins.md``), built-in or the user's:
 
-Every data set loads into memory as a ``TensorDataset`` of (inputs, targets); the training
-loop shards it between data-parallel ranks with ``DistributedSampler``. Adding one is a
-module here with ``Options`` classes (each with ``spec()`` and ``load()``) and a line in
-``_MODULES``.
+- A **factory** is called as ``factory(**kwargs)``: a built-in's fields but ``name`` and the limits
+  (its module's ``load``), or a custom data set's ``data.kwargs``.
+- It returns ``(train, val)`` or ``(train, val, spec)``: each set a ``TensorDataset(inputs, targets)``
+  (or that pair of tensors), inputs float32 (or int64 token ids), ``spec`` a ``DataSpec``. Without a
+  spec the suite derives it from the tensors: input shape and dtype, classes = largest integer
+  target + 1, tokens per sample = sequence length for int64 sequences.
+- It runs with torch's global generator seeded to 0 (and restored after), so every call, in the
+  submitter or in any rank, gives the same data; a factory that draws from its own seeded
+  generator does not depend on that.
+- ``limit_train`` / ``limit_val`` are applied by the suite after the factory; the training loop
+  shards the training set between data-parallel ranks with ``DistributedSampler``.
+
+A built-in is a module here with ``OPTIONS`` (pydantic classes whose ``name`` is a Literal, with a
+``spec()`` known without loading where possible) and ``load(**fields)``, plus a line in ``_MODULES``.
+``data: {name: custom, target: "mypkg.data:load", kwargs: {...}}`` names a factory by import path
+instead (``data/custom.py``).
 """
 from __future__ import annotations
 
@@ -21,7 +34,7 @@ class DataSpec:
     tokens_per_sample: int | None = None  # sequence data: tokens one sample trains on (tokens/s)
 
 
-_MODULES = ["synthetic", "digits", "vision", "tokens"]
+_MODULES = ["synthetic", "digits", "vision", "tokens", "custom"]
 DATASETS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.data.{_m}")

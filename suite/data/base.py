@@ -1,14 +1,49 @@
+"""What every data set's recipe options share, and the one way data is loaded: the factory called
+with the options' keyword arguments, its result checked (contract: ``suite/data/__init__.py``)."""
+import importlib
 from typing import Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch.utils.data import TensorDataset
 
+from suite.data import DataSpec
+from suite.errors import SuiteError
+
+_LIMITS = ("name", "limit_train", "limit_val")  # applied by the suite, not passed to the factory
+
 
 class DataOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limit_train: Optional[PositiveInt] = None  # use only the first N training samples
     limit_val: Optional[PositiveInt] = None
+
+    def factory(self):
+        """What loads this data set: called as ``factory(**self.factory_kwargs())``; a built-in's is
+        its module's ``load``."""
+        return importlib.import_module(type(self).__module__).load
+
+    def factory_kwargs(self) -> dict:
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in _LIMITS}
+
+    def spec(self) -> DataSpec:
+        """What the model needs to know; built-ins know it without loading, others take it from the data."""
+        return self.loaded()[2]
+
+    def loaded(self) -> tuple[TensorDataset, TensorDataset, DataSpec]:
+        """The factory's (train, val, spec), checked, before limits."""
+        # Same data wherever it is called (submitter or rank), the training RNG not moved, and real
+        # CPU tensors even when asked for inside a meta-device block (models built for their shapes).
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.manual_seed(0)
+            result = self.factory()(**self.factory_kwargs())
+        target = getattr(self, "target", None)
+        return checked(result, f"data.target={target}" if target else f"data.name={self.name}", self.name)
+
+    def load(self) -> tuple[TensorDataset, TensorDataset]:
+        """(training, validation) datasets of (input, target) tensors, limits applied."""
+        train, val, _ = self.loaded()
+        return self.limited(train, val)
 
     def check_available(self) -> None:
         """Raise SuiteError if the data cannot be loaded (checked before launch)."""
@@ -34,3 +69,54 @@ def normalise(images: torch.Tensor, mean, std) -> torch.Tensor:
     mean = torch.tensor(mean).view(1, -1, 1, 1)
     std = torch.tensor(std).view(1, -1, 1, 1)
     return (x - mean) / std
+
+
+def checked(result, source: str, name: str) -> tuple[TensorDataset, TensorDataset, DataSpec]:
+    """A data factory's result as (train, val, spec); SuiteError naming ``source`` if it is not
+    (train, val) or (train, val, DataSpec), each a TensorDataset of (inputs, targets) or such a pair."""
+    fix = "return (train, val) or (train, val, DataSpec), each a TensorDataset(inputs, targets)"
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise SuiteError(f"{source} returns {_kind(result)}; {fix}")
+    train, val = (_tensors(part, source, which, fix) for part, which in zip(result, ("train", "validation")))
+    derived = derive_spec(name, train, val)
+    spec = result[2] if len(result) == 3 else derived
+    if not isinstance(spec, DataSpec):
+        raise SuiteError(f"{source} returns {_kind(spec)} as its third item, not a DataSpec; {fix}")
+    if tuple(spec.input_shape) != derived.input_shape or spec.input_dtype != derived.input_dtype:
+        raise SuiteError(f"{source} returns a DataSpec of {spec.input_dtype} inputs of shape {list(spec.input_shape)}, "
+                         f"but its data has {derived.input_dtype} inputs of shape {list(derived.input_shape)}; "
+                         f"make them agree, or return (train, val) and let the suite derive the spec")
+    return train, val, spec
+
+
+def _tensors(part, source: str, which: str, fix: str) -> TensorDataset:
+    tensors = part.tensors if isinstance(part, TensorDataset) else part
+    if not (isinstance(tensors, (tuple, list)) and len(tensors) == 2
+            and all(isinstance(t, torch.Tensor) for t in tensors)):
+        raise SuiteError(f"{source} returns {_kind(part)} as its {which} set; {fix}")
+    inputs, targets = tensors
+    if inputs.dtype not in (torch.float32, torch.int64):
+        raise SuiteError(f"{source} returns {which} inputs of dtype {str(inputs.dtype).removeprefix('torch.')}; "
+                         f"return float32 inputs (or int64 token ids)")
+    if len(inputs) != len(targets) or len(inputs) == 0:
+        raise SuiteError(f"{source} returns {len(inputs)} {which} inputs and {len(targets)} targets; "
+                         f"return as many of each, at least one")
+    return part if isinstance(part, TensorDataset) else TensorDataset(inputs, targets)
+
+
+def derive_spec(name: str, train: TensorDataset, val: TensorDataset) -> DataSpec:
+    """The spec the tensors imply: inputs' shape and dtype, classes = largest integer target + 1
+    (0 for float targets), tokens per sample = sequence length for int64 sequences."""
+    inputs = train.tensors[0]
+    targets = [ds.tensors[1] for ds in (train, val)]
+    integer = not any(t.is_floating_point() or t.is_complex() for t in targets)
+    classes = int(max(t.max() for t in targets)) + 1 if integer else 0
+    dtype = str(inputs.dtype).removeprefix("torch.")
+    tokens = inputs.shape[1] if dtype == "int64" and inputs.ndim == 2 else None
+    return DataSpec(name, tuple(inputs.shape[1:]), classes, dtype, tokens)
+
+
+def _kind(obj) -> str:
+    if isinstance(obj, tuple):
+        return f"a tuple of {len(obj)}"
+    return type(obj).__name__

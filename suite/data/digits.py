@@ -23,17 +23,18 @@ class Digits(DataOptions):
         n_val = int(_SAMPLES * self.val_fraction)
         return _SAMPLES - n_val, n_val
 
-    def load(self):
-        from sklearn.datasets import load_digits
 
-        bunch = load_digits()
-        x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-        x = (x - 0.3) / 0.4  # roughly standardised
-        y = torch.tensor(bunch.target, dtype=torch.int64)
-        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(self.split_seed))
-        n_val = int(len(y) * self.val_fraction)
-        val_idx, train_idx = order[:n_val], order[n_val:]
-        return self.limited(TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx]))
+def load(*, val_fraction: float, split_seed: int):
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = (x - 0.3) / 0.4  # roughly standardised
+    y = torch.tensor(bunch.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
+    n_val = int(len(y) * val_fraction)
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx])
 
 
 OPTIONS = [Digits]

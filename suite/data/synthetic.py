@@ -28,23 +28,22 @@ class Synthetic(DataOptions):
     def sizes(self):
         return self.n_train, self.n_val
 
-    def load(self):
-        g = torch.Generator().manual_seed(self.seed)
-        n = self.n_train + self.n_val
-        y = torch.randint(0, self.classes, (n,), generator=g)
-        x = self._prototypes(g)[y] + self.noise * torch.randn(n, *self.shape, generator=g)
-        train = TensorDataset(x[: self.n_train], y[: self.n_train])
-        val = TensorDataset(x[self.n_train:], y[self.n_train:])
-        return self.limited(train, val)
+def load(*, shape: list[int], classes: int, n_train: int, n_val: int, noise: float, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    n = n_train + n_val
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = _prototypes(shape, classes, g)[y] + noise * torch.randn(n, *shape, generator=g)
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
 
-    def _prototypes(self, g) -> torch.Tensor:
-        """One pattern per class, smooth over the last two axes (4x4 noise upsampled): what a
-        convolution can pick up as readily as a linear layer."""
-        if len(self.shape) < 3:
-            return torch.randn(self.classes, *self.shape, generator=g)
-        coarse = torch.randn(self.classes, math.prod(self.shape[:-2]), 4, 4, generator=g)
-        fine = F.interpolate(coarse, size=tuple(self.shape[-2:]), mode="bilinear", align_corners=False)
-        return fine.reshape(self.classes, *self.shape)
+
+def _prototypes(shape: list[int], classes: int, g) -> torch.Tensor:
+    """One pattern per class, smooth over the last two axes (4x4 noise upsampled): what a
+    convolution can pick up as readily as a linear layer."""
+    if len(shape) < 3:
+        return torch.randn(classes, *shape, generator=g)
+    coarse = torch.randn(classes, math.prod(shape[:-2]), 4, 4, generator=g)
+    fine = F.interpolate(coarse, size=tuple(shape[-2:]), mode="bilinear", align_corners=False)
+    return fine.reshape(classes, *shape)
 
 
 OPTIONS = [Synthetic]

@@ -38,22 +38,20 @@ class SyntheticTokens(DataOptions):
     def sizes(self):
         return self.n_train, self.n_val
 
-    def load(self):
-        g = torch.Generator().manual_seed(self.seed)
-        successors = torch.stack([torch.randperm(self.vocab, generator=g)[: self.branching]
-                                  for _ in range(self.vocab)])
-        weights = torch.rand(self.vocab, self.branching, generator=g) + 0.1
-        n = self.n_train + self.n_val
-        walk = torch.empty(n, self.seq_len + 1, dtype=torch.int64)
-        walk[:, 0] = torch.randint(self.vocab, (n,), generator=g)
-        for t in range(self.seq_len):
-            current = walk[:, t]
-            choice = torch.multinomial(weights[current], 1, generator=g).squeeze(1)
-            walk[:, t + 1] = successors[current, choice]
-        x, y = walk[:, :-1].contiguous(), walk[:, 1:].contiguous()
-        train = TensorDataset(x[: self.n_train], y[: self.n_train])
-        val = TensorDataset(x[self.n_train:], y[self.n_train:])
-        return self.limited(train, val)
+
+def load(*, vocab: int, seq_len: int, branching: int, n_train: int, n_val: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    successors = torch.stack([torch.randperm(vocab, generator=g)[:branching] for _ in range(vocab)])
+    weights = torch.rand(vocab, branching, generator=g) + 0.1
+    n = n_train + n_val
+    walk = torch.empty(n, seq_len + 1, dtype=torch.int64)
+    walk[:, 0] = torch.randint(vocab, (n,), generator=g)
+    for t in range(seq_len):
+        current = walk[:, t]
+        choice = torch.multinomial(weights[current], 1, generator=g).squeeze(1)
+        walk[:, t + 1] = successors[current, choice]
+    x, y = walk[:, :-1].contiguous(), walk[:, 1:].contiguous()
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
 
 
 OPTIONS = [SyntheticTokens]

@@ -35,7 +35,7 @@ class _Vision(DataOptions):
             return
         folder = Path(self.root).expanduser().resolve() / _SETS[self.name][1]
         if not folder.is_dir() or not any(folder.iterdir()):
-            raise self._missing()
+            raise _missing(self.name, self.root)
         files.check(self.name, folder)  # names a file that is missing, truncated or garbled
 
     def sizes(self):
@@ -44,23 +44,27 @@ class _Vision(DataOptions):
             return None  # torchvision fetches what is missing: known only after the download
         return files.check(self.name, folder)
 
-    def _missing(self) -> SuiteError:
-        folder = Path(self.root).expanduser().resolve() / _SETS[self.name][1]
-        return SuiteError(f"data set {self.name} not found in {folder}: put the standard files there "
-                          f"(data.root={self.root!r}), or set data.download=true where the network allows")
+    def factory_kwargs(self) -> dict:
+        return {"name": self.name, **super().factory_kwargs()}  # one factory reads all four
 
-    def load(self):
-        cls_name, folder, _, _, mean, std = _SETS[self.name]
-        root = Path(self.root).expanduser().resolve()
-        cls = _without_md5(cls_name)
-        try:
-            train = cls(str(root), train=True, download=self.download)
-            val = cls(str(root), train=False, download=self.download)
-        except RuntimeError as e:
-            if "not found" not in str(e).lower() and "corrupted" not in str(e).lower():
-                raise
-            raise self._missing() from None
-        return self.limited(_tensors(train, mean, std), _tensors(val, mean, std))
+
+def load(*, name: str, root: str, download: bool):
+    cls_name, folder, _, _, mean, std = _SETS[name]
+    cls, where = _without_md5(cls_name), str(Path(root).expanduser().resolve())
+    try:
+        train = cls(where, train=True, download=download)
+        val = cls(where, train=False, download=download)
+    except RuntimeError as e:
+        if "not found" not in str(e).lower() and "corrupted" not in str(e).lower():
+            raise
+        raise _missing(name, root) from None
+    return _tensors(train, mean, std), _tensors(val, mean, std)
+
+
+def _missing(name: str, root: str) -> SuiteError:
+    folder = Path(root).expanduser().resolve() / _SETS[name][1]
+    return SuiteError(f"data set {name} not found in {folder}: put the standard files there "
+                      f"(data.root={root!r}), or set data.download=true where the network allows")
 
 
 def _tensors(ds, mean, std) -> TensorDataset:
@@ -101,7 +105,7 @@ def _without_md5(cls_name):
 
 def _options(name):
     return type(name.title().replace("_", ""), (_Vision,), {
-        "__annotations__": {"name": Literal[name]}, "name": name})
+        "__annotations__": {"name": Literal[name]}, "name": name, "__module__": __name__})
 
 
 OPTIONS = [_options(n) for n in _SETS]

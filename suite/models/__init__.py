@@ -1,18 +1,33 @@
-"""Model registry: recipe ``model.name`` -> options class + factory.
+"""Model registry: recipe ``model.name`` -> (options class, factory).
 
-Every model is an ``nn.Sequential`` of coarse blocks so that pipeline and layer-wise
-strategies can split it between top-level children. Adding a model is one module here
-with an ``Options`` class (a pydantic model whose ``name`` is a Literal) and a
-``build(options, data_spec) -> nn.Sequential``, plus one line in ``_MODULES``.
+One contract for every model, built-in or the user's (``docs/plugins.md``):
+
+- A **factory** is called as ``factory(spec, **kwargs)``: ``spec`` is the data's ``DataSpec``
+  (input shape, classes, input dtype, tokens per sample), ``kwargs`` the recipe's model options
+  (a built-in's fields but ``name``; a custom model's ``model.kwargs``).
+- It returns an ``nn.Module``. Strategies that cut the model (pipeline, layer_split, ds_pipeline,
+  fairscale_pipe) need an ``nn.Sequential`` of coarse blocks, cut between its top-level children;
+  every built-in is one.
+- The suite seeds torch (``training.seed``) right before the call, so every rank and the
+  single-process baseline build the same weights; the factory must not reseed.
+- What the output trains against is the options' ``task``: classification (cross-entropy on the
+  targets, accuracy), reconstruction (MSE against the input) or language (next-token cross-entropy);
+  a custom model declares it as ``model.task`` (default classification).
+
+A built-in is a module here with ``OPTIONS`` (pydantic classes whose ``name`` is a Literal) and
+``build(spec, **fields)``, plus a line in ``_MODULES``. ``model: {name: custom, target:
+"mypkg.nets:build", kwargs: {...}}`` names a factory by import path instead (``models/custom.py``).
 """
 from __future__ import annotations
 
 import importlib
 
+from torch import nn
+
 from suite.data import DataSpec
 from suite.errors import SuiteError
 
-_MODULES = ["mlp", "cnn", "vgg", "autoencoder", "transformer"]
+_MODULES = ["mlp", "cnn", "vgg", "autoencoder", "transformer", "custom"]
 MODELS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.models.{_m}")
@@ -23,8 +38,17 @@ for _m in _MODULES:
 def build(options, spec: DataSpec):
     """Build the model the recipe names for data of the given spec."""
     check_fits(options, spec)
-    _, factory = MODELS[options.name]
-    return factory(options, spec)
+    model = options.factory()(spec, **options.factory_kwargs())
+    if not isinstance(model, nn.Module):
+        raise SuiteError(f"{source(options)} returns {type(model).__name__}, not an nn.Module; "
+                         f"return the model (an nn.Sequential of blocks if it is to be split)")
+    return model
+
+
+def source(options) -> str:
+    """Where a model comes from, for messages: ``model.name=mlp`` or ``model.target=mypkg.nets:build``."""
+    target = getattr(options, "target", None)
+    return f"model.target={target}" if target else f"model.name={options.name}"
 
 
 _INPUTS = {"features": ("float inputs", "data.name=digits, mnist, cifar10 or synthetic"),

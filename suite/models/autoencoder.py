@@ -18,12 +18,12 @@ class Autoencoder(ModelOptions):
 OPTIONS = [Autoencoder]
 
 
-def build(opts: Autoencoder, spec) -> nn.Sequential:
+def build(spec, *, base_channels: int) -> nn.Sequential:
     channels, height, width = spec.input_shape
     if height % 4 or width % 4:
         raise SuiteError(f"model autoencoder needs image sides divisible by 4; data {spec.name} "
                          f"gives {height}x{width}")
-    c = opts.base_channels
+    c = base_channels
     return nn.Sequential(
         nn.Sequential(nn.Conv2d(channels, c, 3, stride=2, padding=1), nn.ReLU()),
         nn.Sequential(nn.Conv2d(c, 2 * c, 3, stride=2, padding=1), nn.ReLU()),

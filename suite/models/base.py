@@ -1,3 +1,4 @@
+"""What every model's recipe options share (the registry and its contract: ``suite/models/__init__.py``)."""
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -12,3 +13,12 @@ class ModelOptions(BaseModel):
     # "features" (float, any shape), "images" (float channels x height x width), "tokens" (int64
     # ids), or None: the model's build checks for itself.
     inputs: ClassVar[Literal["features", "images", "tokens", None]] = None
+
+    def factory(self):
+        """What builds this model: called as ``factory(spec, **self.factory_kwargs())``."""
+        from suite.models import MODELS
+
+        return MODELS[self.name][1]
+
+    def factory_kwargs(self) -> dict:
+        return {k: getattr(self, k) for k in type(self).model_fields if k != "name"}

@@ -16,7 +16,7 @@ class CNN(ModelOptions):
 OPTIONS = [CNN]
 
 
-def build(opts: CNN, spec) -> nn.Sequential:
+def build(spec) -> nn.Sequential:
     channels, height, width = spec.input_shape
     if min(height, width) < 16:
         raise SuiteError(f"model cnn needs images of at least 16x16; data {spec.name} gives "

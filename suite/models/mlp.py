@@ -17,10 +17,10 @@ class MLP(ModelOptions):
 OPTIONS = [MLP]
 
 
-def build(opts: MLP, spec) -> nn.Sequential:
+def build(spec, *, hidden: list[int]) -> nn.Sequential:
     width = math.prod(spec.input_shape)
     layers: list[nn.Module] = [nn.Flatten()]
-    for h in opts.hidden:
+    for h in hidden:
         layers += [nn.Sequential(nn.Linear(width, h), nn.ReLU())]
         width = h
     layers.append(nn.Linear(width, spec.num_classes))

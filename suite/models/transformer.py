@@ -85,12 +85,13 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def build(opts: Transformer, spec) -> nn.Sequential:
+def build(spec, *, vocab: int | None, seq_len: int | None, dim: int, heads: int, layers: int,
+          mlp_ratio: int) -> nn.Sequential:
     (length,) = spec.input_shape
-    vocab, seq_len = opts.vocab or spec.num_classes, opts.seq_len or length
+    vocab, seq_len = vocab or spec.num_classes, seq_len or length
     if vocab < spec.num_classes or seq_len < length:
         raise SuiteError(f"model.vocab={vocab} / model.seq_len={seq_len} must be at least the data's "
                          f"{spec.num_classes} / {length}; leave them unset to take the data's")
-    blocks = [Block(opts.dim, opts.heads, opts.mlp_ratio) for _ in range(opts.layers)]
-    head = nn.Sequential(nn.LayerNorm(opts.dim), nn.Linear(opts.dim, vocab))
-    return nn.Sequential(Embedding(vocab, seq_len, opts.dim), *blocks, head)
+    blocks = [Block(dim, heads, mlp_ratio) for _ in range(layers)]
+    head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, vocab))
+    return nn.Sequential(Embedding(vocab, seq_len, dim), *blocks, head)

@@ -24,15 +24,15 @@ class VGG11(ModelOptions):
 OPTIONS = [VGG11]
 
 
-def build(opts: VGG11, spec) -> nn.Sequential:
+def build(spec, *, width: float, batch_norm: bool, classifier_hidden: int) -> nn.Sequential:
     from torchvision.models.vgg import cfgs, make_layers  # ~2 s to import: only when a VGG is built
 
-    channels, height, width = spec.input_shape
-    if min(height, width) < 32:
+    channels, height, side = spec.input_shape
+    if min(height, side) < 32:
         raise SuiteError(f"model vgg11 needs images of at least 32x32 (it pools 5 times); data "
-                         f"{spec.name} gives {height}x{width}. Use cifar10/cifar100 or synthetic with shape [3, 32, 32]")
-    cfg = [v if v == "M" else max(1, int(v * opts.width)) for v in cfgs["A"]]
-    features = make_layers(cfg, batch_norm=opts.batch_norm)
+                         f"{spec.name} gives {height}x{side}. Use cifar10/cifar100 or synthetic with shape [3, 32, 32]")
+    cfg = [v if v == "M" else max(1, int(v * width)) for v in cfgs["A"]]
+    features = make_layers(cfg, batch_norm=batch_norm)
     if channels != 3:
         first = features[0]
         features[0] = nn.Conv2d(channels, first.out_channels, 3, padding=1)
@@ -45,6 +45,6 @@ def build(opts: VGG11, spec) -> nn.Sequential:
             current = []
     last = cfg[-2]
     head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(last, opts.classifier_hidden), nn.ReLU(),
-                         nn.Linear(opts.classifier_hidden, spec.num_classes))
+                         nn.Linear(last, classifier_hidden), nn.ReLU(),
+                         nn.Linear(classifier_hidden, spec.num_classes))
     return nn.Sequential(*blocks, head)

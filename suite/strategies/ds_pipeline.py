@@ -16,7 +16,7 @@ from pydantic import PositiveInt
 from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
 from suite.parallel_dims import resolve
-from suite.strategies import _deepspeed
+from suite.strategies import _deepspeed, splitting
 from suite.strategies.base import StrategyOptions
 
 
@@ -48,7 +48,7 @@ class Options(StrategyOptions):
         if tr.batch_size % (dp * self.micro_batches):
             raise SuiteError(f"training.batch_size={tr.batch_size} must divide into {dp} data-parallel rank(s) x "
                              f"strategy.micro_batches={self.micro_batches}; use a multiple of {dp * self.micro_batches}")
-        blocks = len(list(_meta_model(recipe).children()))
+        blocks = len(splitting.meta_model(recipe))  # refuses a model that is no nn.Sequential
         if blocks < self.stages:
             raise SuiteError(f"strategy.stages={self.stages} but model {recipe.model.name} has {blocks} top-level "
                              f"blocks to split; use at most {blocks} stages")
@@ -65,13 +65,6 @@ class Options(StrategyOptions):
         if self.zero_stage == 1:
             out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / self.stages / dp
         return out
-
-
-def _meta_model(recipe):
-    from suite.models import build as build_model
-
-    with torch.device("meta"):
-        return build_model(recipe.model, recipe.data.spec())
 
 
 def _config(opts: Options, rank_batch: int, dp: int, precision: str) -> dict:

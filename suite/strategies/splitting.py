@@ -1,6 +1,7 @@
 """Where model-parallel strategies cut a model: between its top-level blocks.
 
-Every suite model is an ``nn.Sequential`` of coarse blocks. A split is a list of block indices
+Every suite model is an ``nn.Sequential`` of coarse blocks; a user's model must be one to be split
+(``check_sequential``, run before launch for every splitting strategy). A split is a list of block indices
 (recipe key ``strategy.split_at``) where a new part starts: ``[3]`` cuts a 6-block model into
 blocks 0-2 and 3-5. Left out, the cut balances the parts' parameter counts (the largest part
 as small as it can be), which is what bounds a pipeline's speed and a device's memory.
@@ -47,6 +48,7 @@ def balanced_split(counts: list[int], parts: int) -> list[int]:
 def resolve_split(split_at: list[int] | None, model: nn.Sequential, parts: int,
                   key: str = "strategy.split_at") -> list[int]:
     """The recipe's split checked against the model, or a balanced one if it gave none."""
+    check_sequential(model, "this strategy", "the model factory")
     n = len(model)
     if parts > n:
         raise SuiteError(f"the model has {n} top-level blocks, too few for {parts} parts; "
@@ -70,8 +72,23 @@ def cut(model: nn.Sequential, split_at: list[int]) -> list[nn.Sequential]:
 
 def check_recipe_split(recipe, split_at, parts: int) -> None:
     """Recipe-time check of ``split_at`` against the model, built on the meta device (no memory)."""
-    from suite.models import build as build_model
+    resolve_split(split_at, meta_model(recipe), parts)
+
+
+def meta_model(recipe) -> nn.Sequential:
+    """The recipe's model on the meta device (shapes, no memory), refused unless it can be split."""
+    from suite.models import build as build_model, source
 
     with torch.device("meta"):
         model = build_model(recipe.model, recipe.data.spec())
-    resolve_split(split_at, model, parts)
+    check_sequential(model, f"strategy {recipe.strategy.name}", source(recipe.model))
+    return model
+
+
+def check_sequential(model: nn.Module, strategy: str, source: str) -> None:
+    """Every splitting strategy cuts between the top-level blocks of an ``nn.Sequential``: the
+    order of those blocks is the forward pass, which any other module's children need not be."""
+    if not isinstance(model, nn.Sequential):
+        raise SuiteError(f"{strategy} splits the model between top-level blocks of an nn.Sequential; "
+                         f"{source} returns {type(model).__name__}; return an nn.Sequential of blocks, "
+                         f"or use ddp/fsdp/zero")

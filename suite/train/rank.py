@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite import recipe as recipes, strategies
 from suite.errors import SuiteError
-from suite.models import MODELS, build as build_model
+from suite.models import build as build_model
 from suite.models.task import Task
 from suite.record import metrics, run_record, wandb_export
 from suite.record.tracking import RankLog
@@ -96,7 +96,7 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
         return cls(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
 
     return Setup(ctx=ctx, build_model=model_factory, make_optimizer=make_optimizer,
-                 task=Task(MODELS[recipe.model.name][0].task), precision=tr.precision,
+                 task=Task(recipe.model.task), precision=tr.precision,
                  grad_accumulation=tr.grad_accumulation, micro_batch_size=recipe.micro_batch_size(),
                  seed=tr.seed, run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
