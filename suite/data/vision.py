@@ -82,25 +82,10 @@ def _without_md5(cls_name):
     standard pickle format (so tests can write small ones) and check only that it exists."""
     import torchvision.datasets as tvd
 
+    from suite.compat import torchvision as tv_compat
+
     cls = getattr(tvd, cls_name)
-    if not cls_name.startswith("CIFAR"):
-        return cls
-
-    class Unchecked(cls):
-        def _check_integrity(self):
-            base = Path(self.root) / self.base_folder
-            return all((base / name).is_file() for name, _ in self.train_list + self.test_list)
-
-        def _load_meta(self):
-            path = Path(self.root) / self.base_folder / self.meta["filename"]
-            if not path.is_file():
-                raise RuntimeError("Dataset metadata file not found or corrupted.")
-            import pickle
-            with open(path, "rb") as f:
-                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-
-    return Unchecked
+    return tv_compat.cifar_without_md5(cls) if cls_name.startswith("CIFAR") else cls
 
 
 def _options(name):

@@ -40,8 +40,6 @@ def tensor_bytes(tensors: Iterable) -> int:
             continue
         if hasattr(t, "to_local"):  # DTensor: count only this rank's shard
             t = t.to_local()
-        if hasattr(t, "ds_tensor"):  # DeepSpeed ZeRO-3: the partition this rank owns
-            t = t.ds_tensor
         total += t.numel() * t.element_size()
     return total
 

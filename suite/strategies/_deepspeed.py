@@ -135,14 +135,15 @@ def check_config(config: dict, extra: dict) -> None:
     """Parse ``config`` as DeepSpeed does (for one data-parallel rank); an error names the
     ``strategy.config`` key. Imports DeepSpeed: call only when ``extra`` is not empty."""
     quiet_import()
-    from deepspeed.runtime.config import DeepSpeedConfig
     from pydantic import ValidationError
+
+    from suite.compat import deepspeed as ds_compat
 
     config = {**config, "train_batch_size": config["train_micro_batch_size_per_gpu"]
               * config["gradient_accumulation_steps"]}  # parsed as if for one rank
     parsed = _ReadLog(config)
     try:
-        DeepSpeedConfig(parsed)
+        ds_compat.config_class()(parsed)
     except ValidationError as e:
         err = e.errors()[0]
         section = next(reversed(parsed.reads))  # DeepSpeed's sub-configs locate errors within their block
@@ -185,10 +186,10 @@ def quiet_import():
 def preload() -> None:
     """Import DeepSpeed and the modules ``deepspeed.initialize`` imports lazily (its Muon optimizer
     module pulls in torch._inductor: ~7 s). For a parent process about to fork ranks (tests)."""
+    from suite.compat import deepspeed as ds_compat
+
     quiet_import()
-    for name in ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.pipe.engine",
-                 "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2"):
-        importlib.import_module(name)
+    ds_compat.preload_modules()
 
 
 def start(ctx, precision: str, strategy: str):
@@ -199,37 +200,15 @@ def start(ctx, precision: str, strategy: str):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else it probes and warns
     os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))  # without it DeepSpeed tries MPI
     deepspeed = quiet_import()
-    # The shared-memory collective op (CPU inference all-reduce) is compiled on first use, 60-80 s
-    # on 2 cores; training does not use it. (The module must be fetched this way: the attribute
-    # path deepspeed.comm.torch is the torch package.)
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-    _announce_op_builds()
+    from suite.compat import deepspeed as ds_compat
+
+    ds_compat.skip_shm_op_build()  # compiled on first use (60-80 s on 2 cores); training never uses it
+    ds_compat.announce_op_builds()  # expert config may need an op: say so, and where it is cached
     deepspeed.init_distributed(dist_backend=ctx.backend, auto_mpi_discovery=False)
     import torch.distributed as dist
     from deepspeed import comm
     assert comm.get_world_size() == dist.get_world_size(), "DeepSpeed did not join the suite's process group"
     return deepspeed
-
-
-def _announce_op_builds() -> None:
-    """Say once per op when DeepSpeed compiles one of its C++ ops at run time (minutes on a few
-    cores) and where the result is cached. The suite's own paths need none; expert config may."""
-    from deepspeed.ops.op_builder.builder import OpBuilder
-
-    if getattr(OpBuilder.jit_load, "announces", False):
-        return
-    real, told = OpBuilder.jit_load, set()
-
-    def jit_load(self, verbose=True):
-        if self.name not in told:
-            told.add(self.name)
-            cache = os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")
-            print(f"DeepSpeed op {self.name}: loading, compiled on first use (can take minutes), then "
-                  f"cached in {cache} (set TORCH_EXTENSIONS_DIR to keep it elsewhere)", flush=True)
-        return real(self, verbose)
-
-    jit_load.announces = True
-    OpBuilder.jit_load = jit_load
 
 
 def record_config(setup, config: dict) -> None:
@@ -272,35 +251,26 @@ class DeepSpeedEngine(Engine):
 
 
 def held_bytes(engine, params, gradient_bytes: int) -> dict:
-    """Bytes this rank holds: parameters (ZeRO-3: the ds_tensor partition), gradients (measured
+    """Bytes this rank holds: parameters (ZeRO-3: this rank's partitions), gradients (measured
     after backward), optimizer state = the inner optimizer's state plus DeepSpeed's fp32 master
-    partitions (ZeRO-1/2: single_partition_of_fp32_groups; ZeRO-3: fp32_partitioned_groups_flat;
-    bf16 optimizer: fp32_groups_flat_partition)."""
+    weights (suite.compat.deepspeed knows where each ZeRO stage keeps them)."""
+    from suite.compat import deepspeed as ds_compat
     from suite.record.metrics import optimizer_state_bytes, tensor_bytes
 
-    wrapper = engine.optimizer
-    inner = getattr(wrapper, "optimizer", wrapper)
-    master = []
-    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
-        master += list(getattr(wrapper, name, None) or [])
-    return {"parameters": tensor_bytes(params), "gradients": gradient_bytes,
-            "optimizer_state": optimizer_state_bytes(inner) + tensor_bytes(master)}
+    return {"parameters": tensor_bytes(ds_compat.parameter_partitions(engine, params)), "gradients": gradient_bytes,
+            "optimizer_state": optimizer_state_bytes(ds_compat.inner_optimizer(engine))
+            + tensor_bytes(ds_compat.master_weights(engine))}
 
 
 def gradient_bytes(engine, params) -> int:
     """Gradient bytes this rank holds right after backward: full ``p.grad`` where DeepSpeed keeps
-    them, else its partitioned buffers. Views of one buffer are counted once."""
-    import torch
+    them, its partitioned buffers, and the gradients of the inner optimizer's parameters (the fp32
+    partitions, which hold them under optimizer offload). Views of one buffer are counted once."""
+    from suite.compat import deepspeed as ds_compat
 
-    wrapper = engine.optimizer
-    tensors = [p.grad for p in params if p.grad is not None]
-    averaged = getattr(wrapper, "averaged_gradients", None) or {}
-    for group in (averaged.values() if isinstance(averaged, dict) else averaged):
-        tensors += [t for t in (group or []) if isinstance(t, torch.Tensor)]
-    flat = getattr(wrapper, "grad_partitions_flat_buffer", None)
-    if isinstance(flat, torch.Tensor):
-        tensors.append(flat)
-    return distinct_bytes(tensors)
+    inner = ds_compat.inner_optimizer(engine)
+    params = list(params) + [p for group in inner.param_groups for p in group["params"]]
+    return distinct_bytes([p.grad for p in params if p.grad is not None] + ds_compat.gradient_buffers(engine))
 
 
 def distinct_bytes(tensors) -> int:

@@ -16,6 +16,7 @@ from pydantic import PositiveInt
 from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
 from suite.parallel_dims import resolve
+from suite.compat import deepspeed as ds_compat
 from suite.strategies import _deepspeed, splitting
 from suite.strategies.base import StrategyOptions
 
@@ -85,7 +86,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         self._eval_sums = None
         self._gradient_bytes = 0
         ds_engine.module.loss_fn = self._loss
-        inner = getattr(ds_engine.optimizer, "optimizer", ds_engine.optimizer)
+        inner = ds_compat.inner_optimizer(ds_engine)
         inner.register_step_pre_hook(lambda *_: self._measure_gradients())
 
     def _loss(self, output, labels):
@@ -103,7 +104,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         chunks = list(zip(self.cast(inputs).chunk(parts), labels.chunk(parts)))
         shape = tuple(chunks[0][0].shape)
         if shape != self._shape:  # DeepSpeed caches activation shapes between stages
-            self.ds.reset_activation_shape()
+            ds_compat.reset_activation_shapes(self.ds)
             self._shape = shape
         return iter(chunks)
 
@@ -112,8 +113,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         self.ds.train_batch(self._batches(inputs, targets, self.micro_batches))
         if not self.last_stage:
             return StepResult(loss=None, samples=0)
-        # dp_group_loss: this replica's mean over its micro-batches (train_batch returns the dp mean)
-        return StepResult(loss=self.ds.dp_group_loss.float(), samples=len(inputs), correct=self._correct)
+        return StepResult(loss=ds_compat.replica_loss(self.ds).float(), samples=len(inputs), correct=self._correct)
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):
@@ -126,7 +126,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
 
     def _measure_gradients(self) -> None:
         params = list(self.ds.module.parameters())
-        inner = getattr(self.ds.optimizer, "optimizer", self.ds.optimizer)
+        inner = ds_compat.inner_optimizer(self.ds)
         params += [p for group in inner.param_groups for p in group["params"]]
         self._gradient_bytes = _deepspeed.distinct_bytes([p.grad for p in params if p.grad is not None])
 
@@ -146,7 +146,7 @@ def build(opts: Options, setup) -> DeepSpeedPipelineEngine:
     pipe = PipelineModule(layers=layers, num_stages=opts.stages, partition_method=opts.partition,
                           loss_fn=lambda *_: None)  # replaced by the engine's loss
     for i, layer in enumerate(layers):
-        if not pipe._local_start <= i < pipe._local_stop:
+        if not ds_compat.owns_layer(pipe, i):
             layer.to("meta")  # another stage's block: PipelineModule keeps a reference; free its memory
     pipe.to(ctx.device)
     optimizer = setup.make_optimizer([p for p in pipe.parameters() if p.requires_grad])

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from pydantic import PositiveInt
 
+from suite.compat import torch as torch_compat
 from suite.record import metrics
 from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
@@ -79,35 +80,6 @@ def bubble_formula(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def _timed_stage_class(synchronize):
-    """PipelineStage plus busy-time accounting; ``synchronize`` waits for the device (GPU work
-    is asynchronous, so without it the clock would stop before the work is done)."""
-    from torch.distributed.pipelining import PipelineStage
-
-    class TimedStage(PipelineStage):
-        """A PipelineStage that adds up the time spent computing (not waiting for neighbours)."""
-        busy_s = 0.0
-
-        def _timed(self, method, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                synchronize()
-                self.busy_s += time.perf_counter() - t0
-
-        def forward_one_chunk(self, *args, **kwargs):
-            return self._timed(super().forward_one_chunk, *args, **kwargs)
-
-        def backward_one_chunk(self, *args, **kwargs):
-            return self._timed(super().backward_one_chunk, *args, **kwargs)
-
-        def backward_weight_one_chunk(self, *args, **kwargs):
-            return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
-
-    return TimedStage
-
-
 class PipelineStageEngine(ModuleEngine):
     """This rank's stage of a torch.distributed.pipelining schedule."""
     def __init__(self, setup, module, stage, schedule, micro_batches, pp_group, dp_rank, dp_size):
@@ -128,8 +100,9 @@ class PipelineStageEngine(ModuleEngine):
             output = self.schedule.step(*args, **kwargs)
         self.setup.ctx.synchronize()
         wall_s = time.perf_counter() - t0
-        self.bubble_fractions.append(metrics.bubble_fraction(stage.busy_s, wall_s))
-        self.busy_s.append(stage.busy_s)
+        busy_s = torch_compat.busy_s(stage)
+        self.bubble_fractions.append(metrics.bubble_fraction(busy_s, wall_s))
+        self.busy_s.append(busy_s)
         self._gradient_bytes = self.gradient_bytes()
         self.optimizer.step()
         self.zero_grad()
@@ -197,7 +170,7 @@ def build(opts: Options, setup) -> PipelineStageEngine:
     module = cut(model, resolve_split(opts.split_at, model, stages))[stage_index].to(ctx.device)
     if dp > 1:
         _data_parallel(module, mesh["dp"], opts.dp_mode)
-    stage = _timed_stage_class(ctx.synchronize)(module, stage_index, stages, ctx.device, group=pp_group)
+    stage = torch_compat.timed_stage_class(ctx.synchronize)(module, stage_index, stages, ctx.device, group=pp_group)
     task = setup.task
     schedule_cls = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
     # scale_grads (default) divides by micro_batches: the gradient of the batch mean loss.
@@ -212,5 +185,4 @@ def _data_parallel(module, dp_mesh, mode: str) -> None:
         from torch.distributed.fsdp import fully_shard
         fully_shard(module, mesh=dp_mesh)
     else:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-        replicate(module, mesh=dp_mesh)
+        torch_compat.replicate(module, dp_mesh)
