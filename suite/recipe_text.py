@@ -161,3 +161,16 @@ _MAX_DEPTH = 20
 def shown(value, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def raw_points(path: str | Path, overrides=()) -> list[dict]:
+    """A recipe file with its overrides applied and its sweep expanded, not yet validated: one
+    plain dict per point (``suite.recipe.load`` validates them)."""
+    raw = read(path)
+    # Switching model/data/strategy by name starts that section afresh (its old keys belong to
+    # the old choice); so name overrides go first and the section's other overrides apply after.
+    for item in sorted(overrides, key=lambda o: o.split("=", 1)[0] not in NAME_KEYS):
+        apply_override(raw, item)
+    check_plain(raw)
+    check_name(raw["name"])  # before the sweep appends to it
+    return expand_sweep(raw)

@@ -10,7 +10,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from suite import recipe as recipes
 from suite.errors import RunFailed, SuiteError
 from suite.record import run_record
 
@@ -55,14 +54,23 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from suite.submit import preflight
+    from suite.submit import pool as pools, preflight
 
     if args.resume:
         return _resume(args)
 
     overrides = list(args.overrides) + ([f"launch.executor={args.executor}"] if args.executor else [])
-    points = recipes.load(args.recipe, overrides)
-    estimates = preflight.check(points, Path(args.out), force=args.force, dry_run=args.dry_run)  # data, device, memory, Slurm
+    # A local run's ranks start now and warm up (torch, ...) while the recipe is checked below.
+    pool = None if args.dry_run or args.no_wait else pools.prestart(args.recipe, overrides, Path(args.out))
+    try:
+        from suite import recipe as recipes
+
+        points = recipes.load(args.recipe, overrides)
+        estimates = preflight.check(points, Path(args.out), force=args.force, dry_run=args.dry_run)  # data, device, memory, Slurm
+    except BaseException:
+        if pool:
+            pool.discard()
+        raise
     if args.dry_run:
         for r, est in zip(points, estimates):
             print(recipes.dump(r).rstrip())
@@ -72,8 +80,15 @@ def _main(args) -> int:
         print(f"{len(points)} job(s); nothing launched (--dry-run)")
         return 0
     out = Path(args.out)
-    runs = [(r, run_record.new_run_dir(r.name, recipes.dump(r), out)) for r in points]
-    return _run_all(runs, out, wait=not args.no_wait)
+    if pool and not (points[0].launch.executor == "local" and pool.takes(points[0])
+                     and pool.home.name.startswith(f"{points[0].name}-")):
+        pool.discard()  # the guess from the recipe text was wrong: a pool is started for what it says
+        pool = None
+    runs = [(r, run_record.new_run_dir(r.name, recipes.dump(r), out)) for r in points[1 if pool else 0:]]
+    if pool:  # the first point's run folder is the one the pool was started in
+        (pool.home / "recipe.yaml").write_text(recipes.dump(points[0]))
+        runs.insert(0, (points[0], pool.home))
+    return _run_all(runs, out, wait=not args.no_wait, pool=pool)
 
 
 def _resume(args) -> int:
@@ -94,6 +109,8 @@ def _resume(args) -> int:
     if state(run_dir)["state"] == "running":
         raise SuiteError(f"--resume {args.resume}: the run is still running (see python -m suite.status {args.resume})")
     overrides = [f"launch.executor={args.executor}"] if args.executor else []
+    from suite import recipe as recipes
+
     (recipe,) = recipes.load(run_dir / "recipe.yaml", overrides)
     saved = run_record.latest_checkpoint(run_dir)
     print(f"resuming {run_dir.name} from " + (f"its checkpoint at step {saved['step']}" if saved
@@ -102,18 +119,13 @@ def _resume(args) -> int:
     return _run_all([(recipe, run_dir)], run_dir.parent, wait=not args.no_wait)
 
 
-def _run_all(runs, out: Path, wait: bool) -> int:
+def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
     import datetime
 
     from suite.submit import follow, launch
 
     points = [r for r, _ in runs]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    if points[0].launch.executor == "local" and wait:
-        # One machine: run the points one after another, so they do not compete for its cores.
-        batches = [[run] for run in runs]
-    else:
-        batches = [runs]
     failures = 0
 
     def done(w):
@@ -126,18 +138,50 @@ def _run_all(runs, out: Path, wait: bool) -> int:
             return
         print(run_record.summary_text(summary, w.run_dir), flush=True)
 
-    for batch in batches:
-        jobs = launch.submit(batch, out / f"sweep-{stamp}-submitit", watched=wait)
-        watches = []
-        for (r, run_dir), job in zip(batch, jobs):
-            run_record.record_job(run_dir, job.job_id, r.launch.executor)
-            print(f"{run_record.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
-            watches.append(follow.Watch(job, run_dir, r.training.epochs))
-        if wait:
-            follow.wait(watches, on_done=done)
-    if not wait:
+    if points[0].launch.executor == "local" and wait:
+        _run_pooled(runs, pool, done)
+        return 1 if failures else 0
+    jobs = launch.submit(runs, out / f"sweep-{stamp}-submitit", watched=wait)
+    watches = []
+    for (r, run_dir), job in zip(runs, jobs):
+        run_record.record_job(run_dir, job.job_id, r.launch.executor)
+        print(f"{run_record.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
+        watches.append(follow.Watch(job, run_dir, r.training.epochs))
+    if wait:
+        follow.wait(watches, on_done=done)
+    else:
         print("submitted; not waiting (--no-wait). Follow with: squeue / the run folders above")
     return 1 if failures else 0
+
+
+def _run_pooled(runs, pool, done) -> None:
+    """Local runs, one after another (they would compete for the machine's cores), in warm ranks
+    (``suite.submit.pool``): a pool serves points while it can, a new one takes over when not."""
+    from suite.submit import follow
+    from suite.submit.pool import Pool
+
+    try:
+        for n, (r, run_dir) in enumerate(runs):
+            if pool is None or not pool.takes(r):
+                if pool:
+                    pool.close()
+                rest = [p for p, _ in runs[n:]]
+                pool = Pool.start(run_dir, [p.launch for p in rest], [p.strategy.name for p in rest])
+            index = pool.hand_over(r, run_dir)
+            run_record.record_job(run_dir, pool.job.job_id, r.launch.executor)
+            print(f"{run_record.job_line(r)}\n  job {pool.job.job_id}, run record: {run_dir}", flush=True)
+            watch = follow.PoolWatch(pool, index, run_dir, r.training.epochs)
+            follow.wait([watch], poll_s=0.05, on_done=done)
+            if _summary_status(run_dir) != "completed":
+                pool.open = False  # its ranks have ended (or were killed): the next point gets new ones
+    finally:
+        if pool:
+            pool.close()
+
+
+def _summary_status(run_dir: Path):
+    path = run_record.summary_path(run_dir)
+    return run_record.read_json(path).get("status") if path.exists() else None
 
 
 def _mb(n) -> str:

@@ -16,6 +16,7 @@ import submitit
 from suite.errors import RunCancelled, RunFailed
 from suite.record import run_record
 from suite.record.status import squeue
+from suite.submit.pool_task import alive
 
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -106,7 +107,7 @@ class Watch:
             return []
         return [p["rank"] for p in run_record.rank_processes(self.run_dir)
                 if p["started_at"] >= self._since - 1  # not an earlier attempt's (one machine: one clock)
-                and not psutil.pid_exists(p["pid"]) and not self.job.task(p["rank"]).paths.result_pickle.exists()]
+                and not alive(p["pid"]) and not self.job.task(p["rank"]).paths.result_pickle.exists()]
 
     # ---- stopping -------------------------------------------------------------------------
     def _rank_processes(self) -> list:
@@ -204,6 +205,21 @@ class Watch:
     def _say_end(self, state: str) -> None:
         if self.local:
             self.printer(f"[{self.job.job_id}] {state}")
+
+
+class PoolWatch(Watch):
+    """One point of a local pool (``suite.submit.pool``): it has ended when every rank is through
+    it (the ranks go on to the next point) or when the pool's job has ended."""
+
+    def __init__(self, pool, index: int, run_dir: Path, total_epochs: int, **kwargs):
+        super().__init__(pool.job, run_dir, total_epochs, **kwargs)
+        self.pool, self.index = pool, index
+
+    def _update_state(self) -> None:
+        ended = self.pool.ranks_done(self.index) or self.job.state != "RUNNING"
+        if self.state is None:
+            self.printer(f"[{self.job.job_id}] RUNNING")
+        self.state = "ENDED" if ended else "RUNNING"
 
 
 def wait(watches: list[Watch], poll_s: float = 0.5, on_done=None) -> None:

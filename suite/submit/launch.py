@@ -35,26 +35,38 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     def __call__(self):
         env = submitit.JobEnvironment()
-        if self.master_port:
-            os.environ["MASTER_PORT"] = str(self.master_port)
-        else:
-            os.environ.pop("MASTER_PORT", None)
-        if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
-            # Rendezvous from the job itself: first node's name and the port above.
-            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-        from suite import recipe as recipes
-        from suite.train import rank, stop
+        join_rendezvous(env, self.master_port)
+        ended = train_point(self.recipe_json, self.run_dir, self.watcher_pid)
+        return env.global_rank if ended == "completed" else None
 
-        recipe = recipes.Recipe.model_validate(self.recipe_json)
-        try:
-            rank.run(recipe, self.run_dir, watcher_pid=self.watcher_pid)
-        except stop.Preempted as stopped:
-            if stopped.exit_code is not None:
-                sys.exit(stopped.exit_code)  # submitit has requeued the job; the next attempt resumes
-            return None
-        except stop.Cancelled:
-            return None
-        return env.global_rank
+
+def join_rendezvous(env, master_port: int | None) -> None:
+    """Export RANK, WORLD_SIZE, MASTER_ADDR/PORT for this task (``master_port``: see TrainTask)."""
+    if master_port:
+        os.environ["MASTER_PORT"] = str(master_port)
+    else:
+        os.environ.pop("MASTER_PORT", None)
+    if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
+        # Rendezvous from the job itself: first node's name and the port above.
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+
+
+def train_point(recipe_json: dict, run_dir: str, watcher_pid: int | None) -> str:
+    """Train this rank of one run: "completed", "cancelled" or "preempted" (the rank submitit
+    asked to exit for the requeue exits here)."""
+    from suite import recipe as recipes
+    from suite.train import rank, stop
+
+    recipe = recipes.Recipe.model_validate(recipe_json)
+    try:
+        rank.run(recipe, run_dir, watcher_pid=watcher_pid)
+    except stop.Preempted as stopped:
+        if stopped.exit_code is not None:
+            sys.exit(stopped.exit_code)  # submitit has requeued the job; the next attempt resumes
+        return "preempted"
+    except stop.Cancelled:
+        return "cancelled"
+    return "completed"
 
 
 def free_port() -> int:

@@ -1,0 +1,197 @@
+"""What the tasks of a local pool run (``suite.submit.pool`` hands them points).
+
+Task 0 imports torch and the per-rank code once, then forks ranks 1..N-1 from itself (as
+``tests/harness.py`` does: copy-on-write, so N ranks cost one start-up) and is rank 0. Task k > 0
+is the forked rank k's stand-in for submitit: it starts no torch, forwards the controller's
+signals (time limit) to rank k and ends as rank k ended: a result when it returned, the error
+when it raised (rank k records it in the run folder too), killed without a result when rank k
+was killed, so that the follower tells a failed rank from a killed one as for any local job.
+Rank k's output goes to task k's log files.
+
+Files in the pool's ``points-<id>/`` besides the points: ``rank<k>.pid`` (the process that is rank
+k) and ``rank<k>.exit.json`` (how rank k ended, written by it just before it exits).
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+import submitit
+from submitit.core.utils import JobPaths
+
+from suite.record import run_record
+from suite.submit import launch
+
+_POLL_S = 0.01
+# Strategies that keep no state outside their process group and objects: a rank trains the next
+# point after them in the same process. DeepSpeed and fairscale keep module-level state.
+REUSABLE = {"single", "ddp", "allreduce", "fsdp", "tensor", "pipeline", "layer_split"}
+
+
+class PoolTask(submitit.helpers.Checkpointable):
+    """One task of a pool. On a requeue (time limit) submitit runs it again: points a rank is
+    through are skipped and the current one resumes from its checkpoint."""
+
+    def __init__(self, points: str, warm: list[str], watcher_pid: int):
+        self.points, self.warm, self.watcher_pid = points, warm, watcher_pid
+
+    def __call__(self):
+        env = submitit.JobEnvironment()
+        points = Path(self.points)
+        if env.global_rank > 0:
+            return _stand_in(points, env.global_rank)
+        started = time.time()
+        (points / "rank0.pid").write_text(str(os.getpid()))
+        launch.join_rendezvous(env, None)  # rank and world; the port comes with each point
+        importlib.import_module("suite.train.rank")  # with torch and the recipe schema
+        for name in self.warm:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # the point's own import fails the same way, and is recorded in its run folder
+        print(f"warm after {time.time() - started:.1f} s (suite.train.rank, {', '.join(self.warm) or 'nothing else'})",
+              flush=True)
+        sys.stderr.flush()
+        children = [self._fork(k, env) for k in range(1, env.num_tasks)]
+        try:
+            return self._serve(points, 0)
+        finally:
+            _reap(children)
+
+    def _fork(self, rank: int, env) -> int:
+        pid = os.fork()
+        if pid:
+            return pid
+        points, code = Path(self.points), 0
+        try:
+            _die_with_parent()
+            paths = JobPaths(env.paths.folder, env.job_id, rank)
+            for fd, path in ((1, paths.stdout), (2, paths.stderr)):
+                target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                os.dup2(target, fd)
+                os.close(target)
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), SUBMITIT_LOCAL_GLOBALID=str(rank),
+                              SUBMITIT_LOCAL_LOCALID=str(rank))
+            (points / f"rank{rank}.pid").write_text(str(os.getpid()))
+            served = self._serve(points, rank)
+            _write_exit(points, rank, "preempted" if served is None else "completed")
+        except BaseException as e:  # noqa: BLE001 - told to the stand-in, which fails with it
+            traceback.print_exc()
+            _write_exit(points, rank, "error", f"{type(e).__name__}: {e}")
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # never back into submitit's code in the parent's stack
+
+    def _serve(self, points: Path, rank: int):
+        """Train each point handed over; the rank, or None when preempted (requeued)."""
+        for i in range(10**9):
+            spec = self._next(points, i)
+            if spec is None:
+                return rank
+            done = points / f"{i}.rank{rank}.done"
+            if done.exists():
+                continue
+            os.environ["MASTER_PORT"] = str(spec["master_port"])
+            _reset_peak_memory()
+            try:
+                ended = launch.train_point(spec["recipe"], spec["run_dir"], self.watcher_pid)
+            except BaseException:
+                done.touch()
+                raise
+            if ended == "preempted":  # requeued: the next attempt resumes this point
+                return None
+            done.touch()
+            if ended != "completed" or spec["recipe"]["strategy"]["name"] not in REUSABLE:
+                return rank
+
+    def _next(self, points: Path, i: int) -> dict | None:
+        """Point i once it is handed over; None when the pool is closed or its submitter is gone."""
+        path = points / f"{i}.json"
+        while not path.exists():
+            if (points / "end").exists() or not alive(self.watcher_pid):
+                return None
+            time.sleep(_POLL_S)
+        return run_record.read_json(path)
+
+
+def _stand_in(points: Path, rank: int):
+    """Task k > 0: wait for rank k (forked by task 0), forward signals to it, end as it ended."""
+    pid_file, first = points / f"rank{rank}.pid", points / "rank0.pid"
+    while not pid_file.exists():
+        if first.exists() and not alive(int(first.read_text())):
+            raise RuntimeError(f"rank 0 of the pool ended before it started rank {rank} (see task 0's log)")
+        time.sleep(_POLL_S)
+    pid = int(pid_file.read_text())
+    for sig in (signal.SIGUSR2, signal.SIGTERM):  # the local controller's time limit and stop
+        signal.signal(sig, lambda signum, frame: _send(pid, signum))
+    while alive(pid):
+        time.sleep(0.05)
+    path = points / f"rank{rank}.exit.json"
+    if not path.exists():  # killed without a word: so is its stand-in (no result, as for a killed task)
+        os.kill(os.getpid(), signal.SIGKILL)
+    ended = json.loads(path.read_text())
+    if ended["status"] == "error":
+        raise RuntimeError(f"rank {rank}: {ended['message']}")
+    return rank if ended["status"] == "completed" else None
+
+
+def _reap(children: list[int], timeout_s: float = 60.0) -> None:
+    """Rank 0 ends last, so the job lasts as long as its ranks; but not forever: peers stuck after
+    a failure (rank 0's process group is closed by then, which ends their collectives) are killed
+    with it (``_die_with_parent``)."""
+    deadline = time.time() + timeout_s
+    pending = set(children)
+    while pending and time.time() < deadline:
+        for pid in list(pending):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    pending.discard(pid)
+            except ChildProcessError:
+                pending.discard(pid)
+        time.sleep(_POLL_S)
+
+
+def alive(pid: int) -> bool:
+    """A process that has exited but is not reaped yet (a zombie) counts as gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _send(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _write_exit(points: Path, rank: int, status: str, message: str = "") -> None:
+    run_record.write_json_atomic(points / f"rank{rank}.exit.json", {"status": status, "message": message})
+
+
+def _die_with_parent() -> None:
+    """Linux: a forked rank is killed when task 0 dies (else it would train on, unwatched)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _reset_peak_memory() -> None:
+    """Each point's peak memory is its own: reset the process's peak RSS (Linux: VmHWM and
+    getrusage's maxrss, which ``suite.record.metrics`` reads on CPU)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
