@@ -2,18 +2,12 @@
 gradients and optimizer state from the optimizer's state size, split as the strategy says."""
 from __future__ import annotations
 
-import torch
-
-from suite.models import build as build_model
-
 # Optimizer state tensors per parameter element.
 _STATE_PER_PARAM = {"sgd": lambda o: 1 if o.momentum else 0, "adam": lambda o: 2, "adamw": lambda o: 2}
 
 
 def parameter_count(recipe) -> int:
-    with torch.device("meta"):
-        model = build_model(recipe.model, recipe.data.spec())
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in recipe.model_info().build_meta().parameters())
 
 
 def predicted_held_bytes(recipe) -> dict:
@@ -23,4 +17,4 @@ def predicted_held_bytes(recipe) -> dict:
     states = _STATE_PER_PARAM[recipe.optimizer.name](recipe.optimizer)
     total = {"parameters": n * element, "gradients": n * element, "optimizer_state": n * element * states}
     return {"parameters_count": n, "total": total,
-            "per_rank": recipe.strategy.held_fraction(total, recipe.world_size)}
+            "per_rank": recipe.strategy.held_fraction(total, recipe.plan())}

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, PrivateAttr,
                       ValidationError)
 
 from suite.data import DATASETS
 from suite.errors import SuiteError
 from suite.models import MODELS
+from suite.plan import ModelInfo, Plan, build as build_plan
 from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, read,  # noqa: F401
                                set_path, shown)
 from suite.strategies import STRATEGIES
@@ -44,9 +45,11 @@ class Training(Strict):
     epochs: PositiveInt = 1
     max_steps: Optional[PositiveInt] = None  # stop after this many optimizer steps in all
     batch_size: PositiveInt = 64  # global: samples per optimizer step, summed over data-parallel ranks
-    grad_accumulation: PositiveInt = 1  # micro-batches per optimizer step on each rank
+    grad_accumulation: PositiveInt = 1  # forward/backward passes per optimizer step on each rank
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # what torch.manual_seed takes
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    activation_checkpointing: bool = False  # recompute each top-level block's activations in backward
+    compile: bool = False  # torch.compile each top-level block (needs a C++ compiler on CPU)
     eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
     log_every_steps: PositiveInt = 10
     checkpoint_every_steps: NonNegativeInt = 0  # 0: only when preempted or timed out
@@ -95,16 +98,35 @@ class Recipe(Strict):
     launch: Launch = Launch()
     tracking: Tracking = Tracking()
     sweep: dict[str, list[Any]] = {}  # key path -> values; expanded before validation
+    _plan: Optional[Plan] = PrivateAttr(None)
 
     @property
     def world_size(self) -> int:
         return self.launch.world_size
 
-    def dp_size(self) -> int:
-        return self.strategy.dp_size(self.world_size)
+    def plan(self) -> Plan:
+        """How the ranks and the batch are split (``suite.plan``); worked out once."""
+        if self._plan is None:
+            tr = self.training
+            self._plan = build_plan(self.strategy, world_size=self.world_size, batch_size=tr.batch_size,
+                                    accumulation_steps=tr.grad_accumulation,
+                                    devices_per_task=self.launch.devices_per_task, precision=tr.precision)
+        return self._plan
 
-    def micro_batch_size(self) -> int:
-        return self.training.batch_size // (self.dp_size() * self.training.grad_accumulation)
+    def model_info(self) -> ModelInfo:
+        """What strategies' checks may know of the model: name, task, and its meta-device build."""
+        from suite.models import source
+
+        def build_meta():
+            import torch
+
+            from suite.models import build as build_model
+
+            with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+                return build_model(self.model, self.data.spec())
+
+        return ModelInfo(name=self.model.name, task=self.model.task, source=source(self.model),
+                         build_meta=build_meta)
 
     def fingerprint(self) -> str:
         """Hash of what determines the numbers (everything but launch and tracking)."""
@@ -138,13 +160,9 @@ def validate(raw: dict) -> Recipe:
 
 
 def check(recipe: Recipe) -> None:
-    """Checks that need more than one key: degrees against world size, batch divisibility."""
-    recipe.strategy.check(recipe)
-    dp, acc, batch = recipe.dp_size(), recipe.training.grad_accumulation, recipe.training.batch_size
-    if batch % (dp * acc):
-        raise SuiteError(
-            f"training.batch_size={batch} must divide into {dp} data-parallel ranks x "
-            f"{acc} accumulation steps; use a multiple of {dp * acc}")
+    """Checks that need more than one key: degrees against world size and batch divisibility
+    (the plan), then the strategy's own rules."""
+    recipe.strategy.check(recipe.plan(), recipe.model_info())
     launch = recipe.launch
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "

@@ -2,6 +2,7 @@
 its per-step losses equal those of the single-process baseline (fp32: within 1e-5)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from suite import recipe as recipes
@@ -41,3 +42,14 @@ def assert_matches(losses: list[float], baseline: list[float], tolerance: float 
     assert baseline[-1] < baseline[0], "the baseline does not learn: the comparison would prove little"
     worst = max(abs(a - b) for a, b in zip(losses, baseline))
     assert worst <= tolerance, f"per-step losses differ from the baseline by up to {worst:.3g}:\n{losses}\n{baseline}"
+
+
+def assert_holds_share(summary: dict, baseline_summary: dict, predicted: dict, share: float) -> None:
+    """Every rank of ``summary`` holds ``share`` of the baseline's parameters, gradients and
+    optimizer state, as ``predicted`` (``suite.estimate``) says, within 2% (padding, small tensors)."""
+    whole = baseline_summary["ranks"][0]["held_bytes"]
+    for rank in summary["ranks"]:
+        for kind in ("parameters", "gradients", "optimizer_state"):
+            assert whole[kind] > 0
+            assert math.isclose(rank["held_bytes"][kind], whole[kind] * share, rel_tol=0.02), (kind, rank, whole)
+            assert math.isclose(rank["held_bytes"][kind], predicted[kind], rel_tol=0.02), (kind, rank, predicted)

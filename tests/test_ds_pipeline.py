@@ -64,7 +64,7 @@ def test_vgg11_split_in_two_matches_single_process(tmp_path_factory):
 
 def test_two_stages_times_two_data_parallel_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({**PIPE, "micro_batches": 2, "zero_stage": 1}, world_size=4)
-    assert recipe.dp_size() == 2
+    assert recipe.plan().dp_size == 2
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
 
 
@@ -78,7 +78,7 @@ def test_state_dict_resumes_exactly(zero_stage):
 @pytest.mark.parametrize("strategy, changes, message", [
     ({**PIPE, "zero_stage": 3}, {}, r"zero_stage=3: DeepSpeed's pipeline engine takes ZeRO stage 0 or 1 only"),
     ({**PIPE, "zero_stage": 2}, {}, r"zero_stage=2"),
-    ({**PIPE, "micro_batches": 5}, {}, r"batch_size=32 must divide into 1 data-parallel rank\(s\) x strategy\.micro"),
+    ({**PIPE, "micro_batches": 5}, {}, r"strategy\.micro_batches=5 must divide the batch of each data-parallel rank"),
     ({**PIPE, "stages": 3}, {}, r"strategy\.stages=3 .* does not fit world size 2"),
     (PIPE, {"training": {**BASE["training"], "grad_accumulation": 2}}, r"training\.grad_accumulation=2"),
     ({**PIPE, "config": {"pipline": {}}}, {}, r"unknown recipe key strategy\.config\.pipline"),

@@ -8,7 +8,7 @@ from suite.errors import SuiteError
 from suite.estimate import predicted_held_bytes
 from suite.strategies import fsdp
 from suite.record.run_record import read_json
-from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, assert_holds_share, assert_matches, make_recipe, step_losses
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +45,7 @@ def test_hybrid_sharding_2x2_matches_single_process_at_world_size_4(baseline, tm
 
 def test_full_sharding_holds_half_of_everything_per_rank_at_world_size_2(full_sharding, baseline):
     recipe, _, summary = full_sharding
-    whole = baseline[1]["ranks"][0]["held_bytes"]
-    predicted = predicted_held_bytes(recipe)["per_rank"]
-    for rank in summary["ranks"]:
-        for kind in ("parameters", "gradients", "optimizer_state"):
-            assert whole[kind] > 0
-            assert math.isclose(rank["held_bytes"][kind], whole[kind] / 2, rel_tol=0.02), (kind, rank, whole)
-            assert math.isclose(rank["held_bytes"][kind], predicted[kind], rel_tol=0.02), (kind, rank, predicted)
+    assert_holds_share(summary, baseline[1], predicted_held_bytes(recipe)["per_rank"], 1 / 2)
 
 
 def test_the_comparison_catches_gradients_that_are_never_reduced(baseline, tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ def test_two_devices_in_one_process_match_single_process(split_at, baseline, tmp
 
 def test_mp_ddp_at_world_size_2_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "layer_split"}, world_size=2, **TWO_DEVICES)
-    assert recipe.dp_size() == 2
+    assert recipe.plan().dp_size == 2
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 

@@ -73,7 +73,7 @@ def test_split_points_from_the_recipe_match_too(baseline, tmp_path):
 @pytest.mark.parametrize("dp_mode", ["fully_shard", "replicate"])
 def test_data_x_pipeline_on_a_2x2_mesh_matches_single_process(dp_mode, baseline, tmp_path):
     recipe = make_recipe({"name": "pipeline", "dp": 2, "stages": 2, "dp_mode": dp_mode}, world_size=4)
-    assert recipe.dp_size() == 2
+    assert recipe.plan().dp_size == 2
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 

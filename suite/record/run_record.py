@@ -313,14 +313,17 @@ def latest_per_key(records: list[dict], key: str) -> list[dict]:
 # ---- console lines -----------------------------------------------------------------------
 
 def job_line(recipe) -> str:
-    """What a job will run: strategy, world and how the global batch splits."""
-    l, tr = recipe.launch, recipe.training
-    micro = recipe.strategy.micro_batches_per_step(tr)
-    dp = recipe.dp_size()
-    per_micro = tr.batch_size // (dp * micro)
+    """What a job will run: strategy, world and how the global batch splits (``suite.plan``)."""
+    l, plan = recipe.launch, recipe.plan()
+    split = [f"{plan.dp_size} data-parallel rank(s)"]
+    if plan.accumulation_steps > 1:
+        split.append(f"{plan.accumulation_steps} accumulation step(s)")
+    if plan.pipeline_chunks > 1:
+        split.append(f"{plan.pipeline_chunks} pipeline chunk(s)")
+    mesh = f", mesh {' x '.join(f'{n} {d}' for n, d in plan.axes.items())}" if len(plan.axes) > 1 else ""
     return (f"{recipe.name}: {recipe.strategy.name} on {l.nodes} node(s) x {l.tasks_per_node} task(s) = world size "
-            f"{recipe.world_size} ({l.executor}); global batch {tr.batch_size} = {dp} "
-            f"data-parallel rank(s) x {micro} micro-batch(es) x {per_micro} samples")
+            f"{recipe.world_size} ({l.executor}){mesh}; global batch {plan.batch_size} = {' x '.join(split)} x "
+            f"{plan.chunk_batch} samples")
 
 
 def epoch_line(rec: dict, epochs: int) -> str:

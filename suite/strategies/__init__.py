@@ -2,8 +2,10 @@
 
 A strategy is one module here with
 - ``Options``: a pydantic model (subclass of ``StrategyOptions``) whose ``name`` is a Literal,
-  holding the strategy's own recipe keys and its world-size rules;
-- ``build(options, setup) -> Engine``.
+  holding the strategy's own recipe keys; it declares its mesh axes to the plan (``mesh_axes``,
+  ``pipeline_chunks``; ``suite.plan``), checks the plan and the model (``check(plan, model)``),
+  and predicts the bytes a rank holds (``held_fraction``);
+- ``build(options, setup) -> Engine``, calling ``setup.prepare(module)`` before it wraps the model.
 Heavy libraries (deepspeed, fairscale) are imported inside ``build`` so that reading a recipe
 stays fast. Adding a strategy is one module plus one line in ``_MODULES``.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ["single", "ddp", "allreduce", "fsdp", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline"]
+_MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline"]
 STRATEGIES = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.strategies.{_m}")

@@ -14,8 +14,7 @@ class Options(StrategyOptions):
 
 class AllReduceEngine(ModuleEngine):
     def __init__(self, setup, module):
-        world = setup.ctx.world_size
-        super().__init__(setup, module, dp_rank=setup.ctx.rank, dp_size=world)
+        super().__init__(setup, module)
         # Replicas must start equal: take rank 0's initial weights, as DDP does.
         for tensor in list(module.parameters()) + list(module.buffers()):
             dist.broadcast(tensor.data, src=0)
@@ -28,4 +27,4 @@ class AllReduceEngine(ModuleEngine):
 
 
 def build(opts: Options, setup) -> AllReduceEngine:
-    return AllReduceEngine(setup, setup.build_model().to(setup.ctx.device))
+    return AllReduceEngine(setup, setup.prepare(setup.build_model().to(setup.ctx.device)))

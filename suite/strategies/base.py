@@ -6,26 +6,28 @@ from contextlib import nullcontext
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from suite.strategies.engine import Engine, StepResult
 from suite.errors import SuiteError
+from suite.plan import Axis, ModelInfo, Plan
+from suite.strategies.engine import Engine, StepResult
 
 
 class StrategyOptions(BaseModel):
+    """A strategy's recipe keys and what it tells the plan (``suite.plan``) and the checks."""
     model_config = ConfigDict(extra="forbid")
 
-    def dp_size(self, world_size: int) -> int:
-        """Data-parallel degree: how many ranks read different samples."""
-        return world_size
+    def mesh_axes(self) -> list[Axis]:
+        """The mesh axes and their degrees (None: filled from the world size). Plain data
+        parallelism by default: every rank reads its own samples."""
+        return [Axis("data", None, "launch.tasks_per_node", data=True)]
 
-    def check(self, recipe) -> None:
+    def pipeline_chunks(self) -> int:
+        """Pipeline chunks per forward/backward (a pipeline's ``micro_batches``); 1 elsewhere."""
+        return 1
+
+    def check(self, plan: Plan, model: ModelInfo) -> None:
         """Refuse world sizes and settings this strategy cannot run (SuiteError naming the key)."""
 
-    def micro_batches_per_step(self, training) -> int:
-        """Micro-batches each data-parallel rank splits its batch into per optimizer step:
-        a pipeline's own ``micro_batches`` option, else ``training.grad_accumulation``."""
-        return getattr(self, "micro_batches", None) or training.grad_accumulation
-
-    def held_fraction(self, total: dict, world_size: int) -> dict:
+    def held_fraction(self, total: dict, plan: Plan) -> dict:
         """Predicted bytes one rank holds, from the bytes of the whole model (a full replica here)."""
         return dict(total)
 
@@ -43,11 +45,11 @@ class ModuleEngine(Engine):
     and ``sync_context(last)`` wraps each micro-batch's backward (DDP's ``no_sync``).
     """
 
-    def __init__(self, setup, module: torch.nn.Module, dp_rank: int = 0, dp_size: int = 1):
+    def __init__(self, setup, module: torch.nn.Module):
         self.setup = setup
         self.module = module
         self.optimizer = setup.make_optimizer(module.parameters())
-        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.dp_rank, self.dp_size = setup.plan.dp_rank(setup.ctx.rank), setup.plan.dp_size
         self._gradient_bytes = 0
 
     def sync_context(self, last: bool):
@@ -64,7 +66,7 @@ class ModuleEngine(Engine):
 
     def train_step(self, inputs, targets) -> StepResult:
         self.module.train()
-        chunks = self.setup.micro_batches(inputs, targets)
+        chunks = self.setup.accumulation_chunks(inputs, targets)
         total = torch.zeros((), device=inputs.device)
         correct = torch.zeros((), device=inputs.device)
         for i, (x, y) in enumerate(chunks):

@@ -29,8 +29,8 @@ class DDPEngine(ModuleEngine):
 
 def build(opts: Options, setup) -> DDPEngine:
     ctx = setup.ctx
-    model = setup.build_model().to(ctx.device)
+    model = setup.prepare(setup.build_model().to(ctx.device))
     ddp = DistributedDataParallel(
         model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         bucket_cap_mb=opts.bucket_cap_mb, static_graph=opts.static_graph)
-    return DDPEngine(setup, ddp, dp_rank=ctx.rank, dp_size=ctx.world_size)
+    return DDPEngine(setup, ddp)

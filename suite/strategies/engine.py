@@ -5,13 +5,14 @@ optimizer factory and the distributed context (together: ``Setup``) into an Engi
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
 from suite.models.task import Task
+from suite.plan import Plan
+from suite.strategies import prepare
 
 if TYPE_CHECKING:  # the per-rank side; strategies are also read (for their options) when submitting
     from suite.train.dist import DistContext
@@ -31,21 +32,29 @@ class Setup:
     build_model: Callable[[], torch.nn.Module]  # same seed every call: identical initial weights
     make_optimizer: Callable  # params -> torch.optim.Optimizer
     task: Task
-    precision: str = "fp32"
-    grad_accumulation: int = 1
-    micro_batch_size: int = 1  # samples per rank per micro-batch
+    plan: Plan  # mesh axes, data-parallel size, batch per rank, accumulation steps, pipeline chunks
+    activation_checkpointing: bool = False  # training.activation_checkpointing (see prepare)
+    compile: bool = False  # training.compile (see prepare)
     seed: int = 0
     run_dir: Optional[str] = None
     model_name: str = ""  # recipe model.name: strategies with per-model plans (tensor) look it up
 
-    def autocast(self):
-        if self.precision == "fp32":
-            return nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(device_type=self.ctx.device.type, dtype=dtype)
+    @property
+    def precision(self) -> str:
+        return self.plan.precision
 
-    def micro_batches(self, inputs, targets):
-        n = self.grad_accumulation
+    def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Activation checkpointing and compile, applied in place; every strategy calls this on
+        the module it is about to wrap (``suite.strategies.prepare`` says where)."""
+        return prepare.prepare(module, activation_checkpointing=self.activation_checkpointing,
+                               compile=self.compile, device=self.ctx.device)
+
+    def autocast(self):
+        return prepare.autocast(self.plan.precision, self.ctx.device)
+
+    def accumulation_chunks(self, inputs, targets):
+        """This rank's batch as ``plan.accumulation_steps`` forward/backward passes."""
+        n = self.plan.accumulation_steps
         return list(zip(inputs.chunk(n), targets.chunk(n))) if n > 1 else [(inputs, targets)]
 
 

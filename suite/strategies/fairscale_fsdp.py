@@ -14,7 +14,7 @@ from suite.strategies.base import StrategyOptions
 class Options(StrategyOptions):
     name: Literal["fairscale_fsdp"] = "fairscale_fsdp"
 
-    def check(self, recipe) -> None:
+    def check(self, plan, model) -> None:
         raise SuiteError("strategy.name=fairscale_fsdp is not supported: fairscale's FullyShardedDataParallel "
                          "needs CUDA and fails on current torch without it (no NVIDIA driver; with "
                          "compute_device=cpu: KeyError 'all_gather'); use strategy.name=fsdp (torch FSDP2, "
@@ -22,4 +22,4 @@ class Options(StrategyOptions):
 
 
 def build(opts: Options, setup):
-    Options.check(opts, None)
+    Options.check(opts, None, None)

@@ -23,11 +23,11 @@ class Options(StrategyOptions):
     name: Literal["oss"] = "oss"
     gradients: Literal["ddp", "sharded_ddp"] = "ddp"
 
-    def held_fraction(self, total: dict, world_size: int) -> dict:
+    def held_fraction(self, total: dict, plan) -> dict:
         out = dict(total)
-        out["optimizer_state"] = total["optimizer_state"] // world_size
+        out["optimizer_state"] = total["optimizer_state"] // plan.dp_size
         if self.gradients == "sharded_ddp":
-            out["gradients"] = total["gradients"] // world_size
+            out["gradients"] = total["gradients"] // plan.dp_size
         return out
 
 
@@ -69,7 +69,7 @@ def build(opts: Options, setup) -> OSSEngine:
     from torch.nn.parallel import DistributedDataParallel
 
     ctx = setup.ctx
-    model = setup.build_model().to(ctx.device)
+    model = setup.prepare(setup.build_model().to(ctx.device))
     if opts.gradients == "ddp":
         module = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         optimizer = sharded_optimizer(setup, module.parameters())
@@ -77,7 +77,7 @@ def build(opts: Options, setup) -> OSSEngine:
         from fairscale.nn.data_parallel import ShardedDataParallel
         optimizer = sharded_optimizer(setup, model.parameters())
         module = ShardedDataParallel(model, optimizer)
-    engine = OSSEngine(setup, module, dp_rank=ctx.rank, dp_size=ctx.world_size)
+    engine = OSSEngine(setup, module)
     engine.optimizer = optimizer  # replaces the plain one ModuleEngine made (it holds no state yet)
     engine.sharded_grads = opts.gradients == "sharded_ddp"
     return engine

@@ -23,28 +23,27 @@ class Options(StrategyOptions):
     # Recompute activations in backward: fairscale's default keeps the last micro-batch's.
     checkpoint: Literal["always", "except_last", "never"] = "except_last"
 
-    def check(self, recipe) -> None:
-        if recipe.world_size != 1:
-            refuse_world_size("fairscale_pipe", recipe.world_size, "runs in one process",
+    def pipeline_chunks(self) -> int:
+        return self.micro_batches
+
+    def check(self, plan, model) -> None:
+        if plan.world_size != 1:
+            refuse_world_size("fairscale_pipe", plan.world_size, "runs in one process",
                               "set launch.tasks_per_node=1, or use strategy.name=pipeline across ranks")
-        parts = recipe.launch.devices_per_task
+        parts = plan.devices_per_task
         if parts < 2:
             raise SuiteError(f"strategy fairscale_pipe puts one partition on each of launch.devices_per_task "
                              f"devices, but launch.devices_per_task={parts}; set it to 2 or more (on CPU "
                              f"they are all the cpu)")
-        micro = recipe.training.batch_size // recipe.training.grad_accumulation
-        if micro % self.micro_batches:
-            raise SuiteError(f"strategy.micro_batches={self.micro_batches} must divide the batch of each "
-                             f"accumulation step ({micro}); choose a divisor of {micro}")
-        check_recipe_split(recipe, self.split_at, parts)
+        check_recipe_split(model, self.split_at, parts, "fairscale_pipe")
 
 
 def build(opts: Options, setup) -> SplitEngine:
     from fairscale.nn import Pipe
 
     devices = list(setup.ctx.devices)
-    model = setup.build_model()
+    model = setup.prepare(setup.build_model())
     starts = [0, *resolve_split(opts.split_at, model, len(devices)), len(model)]
     balance = [b - a for a, b in zip(starts, starts[1:])]
-    pipe = Pipe(model, balance=balance, devices=devices, chunks=opts.micro_batches, checkpoint=opts.checkpoint)
+    pipe = Pipe(model, balance=balance, devices=devices, chunks=setup.plan.pipeline_chunks, checkpoint=opts.checkpoint)
     return SplitEngine(setup, pipe, devices[0])

@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from pydantic import PositiveInt
 
-from suite import parallel_dims
+from suite.plan import Axis
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
@@ -31,15 +31,13 @@ class Options(StrategyOptions):
     replicate: PositiveInt = 1  # hybrid sharding: replicas; each is sharded over world / replicate
     mixed_precision: Literal["fp32", "bf16"] = "fp32"
 
-    def degrees(self, world_size: int) -> dict[str, int]:
-        return parallel_dims.resolve("fsdp", world_size,
-                                     {"strategy.replicate": self.replicate, "strategy.shard": None})
+    def mesh_axes(self) -> list[Axis]:
+        # Replicas and shards alike read their own samples.
+        return [Axis("replicate", self.replicate, "strategy.replicate", data=True),
+                Axis("shard", None, "strategy.shard", data=True)]
 
-    def check(self, recipe) -> None:
-        self.degrees(recipe.world_size)
-
-    def held_fraction(self, total: dict, world_size: int) -> dict:
-        shard = self.degrees(world_size)["strategy.shard"]
+    def held_fraction(self, total: dict, plan) -> dict:
+        shard = plan.degree("shard")
         held = {key: value // shard for key, value in total.items()}
         if not self.reshard_after_forward:
             # Grad-op: full parameters stay gathered from each block's forward to its backward.
@@ -78,12 +76,9 @@ def mixed_precision_policy(name: str):
 
 
 def build(opts: Options, setup) -> FSDPEngine:
-    ctx = setup.ctx
-    degrees = opts.degrees(ctx.world_size)
-    if opts.replicate == 1:  # plain FSDP: a 1-D mesh over every rank
-        degrees = {"strategy.shard": degrees["strategy.shard"]}
-    mesh = parallel_dims.device_mesh(ctx, degrees)
-    model = setup.build_model().to(ctx.device)
+    ctx, plan = setup.ctx, setup.plan
+    # Plain FSDP (replicate 1): a 1-D mesh over every rank.
+    mesh = plan.device_mesh(ctx, *(("shard",) if opts.replicate == 1 else ()))
+    model = setup.prepare(setup.build_model().to(ctx.device))
     model = shard(model, mesh, opts.reshard_after_forward, mixed_precision_policy(opts.mixed_precision))
-    # Every rank reads its own samples: replicas and shards alike are data-parallel.
-    return FSDPEngine(setup, model, dp_rank=ctx.rank, dp_size=ctx.world_size)
+    return FSDPEngine(setup, model)

@@ -24,13 +24,13 @@ class Options(StrategyOptions):
     # Block indices where parts 2.. start (one per extra device); default: balanced by parameters.
     split_at: Optional[list[int]] = None
 
-    def check(self, recipe) -> None:
-        parts = recipe.launch.devices_per_task
+    def check(self, plan, model) -> None:
+        parts = plan.devices_per_task
         if parts < 2:
             raise SuiteError(f"strategy layer_split places the model on launch.devices_per_task devices of "
                              f"one rank, but launch.devices_per_task={parts}; set it to 2 or more (on CPU "
                              f"they are all the cpu)")
-        check_recipe_split(recipe, self.split_at, parts)
+        check_recipe_split(model, self.split_at, parts, "layer_split")
 
 
 class LayerSplit(nn.Sequential):
@@ -60,8 +60,8 @@ class SplitEngine(ModuleEngine):
     """A module whose output lives on another device than its input: inputs go to the first
     device, the loss is computed where the output is and reported on the rank's device."""
 
-    def __init__(self, setup, module, first_device, dp_rank=0, dp_size=1):
-        super().__init__(setup, module, dp_rank, dp_size)
+    def __init__(self, setup, module, first_device):
+        super().__init__(setup, module)
         self.first_device = first_device
 
     def sync_context(self, last: bool):
@@ -97,10 +97,10 @@ class SplitEngine(ModuleEngine):
 def build(opts: Options, setup) -> SplitEngine:
     ctx = setup.ctx
     devices = list(ctx.devices)  # the seam: a test passes a ctx whose second device is meta
-    model = setup.build_model()
+    model = setup.prepare(setup.build_model())
     split = LayerSplit(model, resolve_split(opts.split_at, model, len(devices)), devices)
     if ctx.world_size == 1:
         return SplitEngine(setup, split, devices[0])
     # MP-DDP: a multi-device module takes device_ids=None; DDP then averages over all ranks.
     ddp = nn.parallel.DistributedDataParallel(split, device_ids=None)
-    return SplitEngine(setup, ddp, devices[0], dp_rank=ctx.rank, dp_size=ctx.world_size)
+    return SplitEngine(setup, ddp, devices[0])

@@ -8,11 +8,11 @@ from suite.strategies.base import ModuleEngine, StrategyOptions, refuse_world_si
 class Options(StrategyOptions):
     name: Literal["single"] = "single"
 
-    def check(self, recipe) -> None:
-        if recipe.world_size != 1:
-            refuse_world_size("single", recipe.world_size, "runs on exactly 1 rank",
+    def check(self, plan, model) -> None:
+        if plan.world_size != 1:
+            refuse_world_size("single", plan.world_size, "runs on exactly 1 rank",
                               "set launch.nodes=1 launch.tasks_per_node=1, or use ddp")
 
 
 def build(opts: Options, setup) -> ModuleEngine:
-    return ModuleEngine(setup, setup.build_model().to(setup.ctx.device))
+    return ModuleEngine(setup, setup.prepare(setup.build_model().to(setup.ctx.device)))

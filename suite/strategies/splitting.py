@@ -8,7 +8,6 @@ as small as it can be), which is what bounds a pipeline's speed and a device's m
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from suite.errors import SuiteError
@@ -70,19 +69,17 @@ def cut(model: nn.Sequential, split_at: list[int]) -> list[nn.Sequential]:
     return [model[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def check_recipe_split(recipe, split_at, parts: int) -> None:
-    """Recipe-time check of ``split_at`` against the model, built on the meta device (no memory)."""
-    resolve_split(split_at, meta_model(recipe), parts)
+def check_recipe_split(model, split_at, parts: int, strategy: str) -> None:
+    """Recipe-time check of ``split_at`` against the model (a ``suite.plan.ModelInfo``), built on
+    the meta device (no memory)."""
+    resolve_split(split_at, meta_model(model, strategy), parts)
 
 
-def meta_model(recipe) -> nn.Sequential:
-    """The recipe's model on the meta device (shapes, no memory), refused unless it can be split."""
-    from suite.models import build as build_model, source
-
-    with torch.device("meta"):
-        model = build_model(recipe.model, recipe.data.spec())
-    check_sequential(model, f"strategy {recipe.strategy.name}", source(recipe.model))
-    return model
+def meta_model(model, strategy: str) -> nn.Sequential:
+    """The model (a ``suite.plan.ModelInfo``) on the meta device, refused unless it can be split."""
+    built = model.build_meta()
+    check_sequential(built, f"strategy {strategy}", model.source)
+    return built
 
 
 def check_sequential(model: nn.Module, strategy: str, source: str) -> None:

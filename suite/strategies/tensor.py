@@ -19,8 +19,8 @@ from typing import Literal, Optional
 import torch
 from pydantic import PositiveInt
 
-from suite import parallel_dims
 from suite.errors import SuiteError
+from suite.plan import Axis
 from suite.strategies import fsdp
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
@@ -72,40 +72,35 @@ class Options(StrategyOptions):
     dp: PositiveInt = 1  # data-parallel degree (FSDP2 over the dp mesh dimension)
     tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp
 
-    def degrees(self, world_size: int) -> dict[str, int]:
-        return parallel_dims.resolve("tensor", world_size, {"strategy.dp": self.dp, "strategy.tp": self.tp})
+    def mesh_axes(self) -> list[Axis]:
+        # Ranks of one tensor-parallel group read the same samples.
+        return [Axis("data", self.dp, "strategy.dp", data=True), Axis("tensor", self.tp, "strategy.tp")]
 
-    def dp_size(self, world_size: int) -> int:
-        return self.dp
-
-    def check(self, recipe) -> None:
-        tp = self.degrees(recipe.world_size)["strategy.tp"]
-        plan = PLANS.get(recipe.model.name)
-        if plan is None:
+    def check(self, plan, model) -> None:
+        tp_plan = PLANS.get(model.name)
+        if tp_plan is None:
             raise SuiteError(f"strategy tensor has plans for models {', '.join(PLANS)}, not "
-                             f"model.name={recipe.model.name!r}; use one of those, or fsdp/ddp")
-        from suite.models import build as build_model
+                             f"model.name={model.name!r}; use one of those, or fsdp/ddp")
+        tp_plan(model.build_meta(), plan.degree("tensor"))
 
-        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-            plan(build_model(recipe.model, recipe.data.spec()), tp)
-
-    def held_fraction(self, total: dict, world_size: int) -> dict:
+    def held_fraction(self, total: dict, plan) -> dict:
         # A lower bound: the layers left out of the plan are held in full by every tp rank.
-        return {key: value // world_size for key, value in total.items()}
+        return {key: value // plan.world_size for key, value in total.items()}
 
 
 def build(opts: Options, setup) -> ModuleEngine:
     from torch.distributed.tensor.parallel import parallelize_module
 
     ctx = setup.ctx
-    mesh = parallel_dims.device_mesh(ctx, opts.degrees(ctx.world_size))
+    mesh = setup.plan.device_mesh(ctx)
     model = setup.build_model().to(ctx.device)
-    plan = PLANS[setup.model_name]
-    # Order as in torchtitan: tensor parallel first, then FSDP over the data-parallel dimension.
-    parallelize_module(model, mesh["tp"], plan(model, mesh["tp"].size()))
-    dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
-    if dp_size == 1:
-        return ModuleEngine(setup, model, dp_rank=0, dp_size=1)
-    model = fsdp.shard(model, mesh["dp"], reshard_after_forward=True,
+    tp_plan = PLANS[setup.model_name]
+    # Order as in torchtitan: tensor parallel, then checkpointing and compile (setup.prepare),
+    # then FSDP over the data-parallel dimension.
+    parallelize_module(model, mesh["tensor"], tp_plan(model, mesh["tensor"].size()))
+    model = setup.prepare(model)
+    if setup.plan.dp_size == 1:
+        return ModuleEngine(setup, model)
+    model = fsdp.shard(model, mesh["data"], reshard_after_forward=True,
                        mp_policy=fsdp.mixed_precision_policy("fp32"))
-    return fsdp.FSDPEngine(setup, model, dp_rank=dp_rank, dp_size=dp_size)
+    return fsdp.FSDPEngine(setup, model)

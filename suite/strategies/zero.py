@@ -26,28 +26,21 @@ class Options(StrategyOptions):
     offload_parameters: bool = False  # parameters on the CPU between uses (stage 3 only)
     config: dict[str, Any] = {}  # extra DeepSpeed config keys, e.g. {zero_optimization: {reduce_bucket_size: 1e6}}
 
-    def check(self, recipe) -> None:
+    def check(self, plan, model) -> None:
         if self.offload_parameters and self.stage != 3:
             raise SuiteError(f"strategy.offload_parameters=true needs strategy.stage=3 (got stage {self.stage}): "
                              f"only ZeRO-3 partitions parameters; set stage: 3 or offload_parameters: false")
         if self.offload_optimizer and self.stage == 0:
             raise SuiteError("strategy.offload_optimizer=true needs strategy.stage 1, 2 or 3 (ZeRO-Offload "
                              "offloads the partitioned optimizer state); raise the stage or drop the offload")
-        _deepspeed.refuse_fp16_on_cpu(recipe)
-        config = _deepspeed.make_config(
-            micro_batch=recipe.micro_batch_size(), accumulation=recipe.training.grad_accumulation,
-            dp=recipe.dp_size(), precision=recipe.training.precision, stage=self.stage,
-            offload_optimizer=self.offload_optimizer, offload_parameters=self.offload_parameters,
-            extra=self.config)
-        divides = recipe.training.batch_size % (recipe.dp_size() * recipe.training.grad_accumulation) == 0
-        if self.config and divides:  # else suite.recipe.check names the batch size
-            _deepspeed.check_config(config, self.config)
+        if self.config:
+            _deepspeed.check_config(_config(self, plan), self.config)
 
-    def held_fraction(self, total: dict, world_size: int) -> dict:
+    def held_fraction(self, total: dict, plan) -> dict:
         """The ZeRO paper's partitioning: stage 1 splits optimizer state, 2 also gradients, 3 also
         parameters. From stage 1 on DeepSpeed keeps an fp32 master copy of the rank's partition,
         counted here as optimizer state (as held_bytes counts it)."""
-        n = world_size
+        n = plan.dp_size
         out = dict(total)
         if self.stage >= 1:
             out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / n
@@ -58,15 +51,23 @@ class Options(StrategyOptions):
         return out
 
 
+def _config(opts: Options, plan) -> dict:
+    return _deepspeed.make_config(
+        micro_batch=plan.accumulation_batch, accumulation=plan.accumulation_steps, dp=plan.dp_size,
+        precision=plan.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,
+        offload_parameters=opts.offload_parameters, extra=opts.config)
+
+
 class ZeroEngine(_deepspeed.DeepSpeedEngine):
     def __init__(self, setup, ds_engine, stage: int):
-        super().__init__(setup, ds_engine, stage, dp_rank=setup.ctx.rank, dp_size=setup.ctx.world_size)
+        plan = setup.plan
+        super().__init__(setup, ds_engine, stage, dp_rank=plan.dp_rank(setup.ctx.rank), dp_size=plan.dp_size)
         self._params = list(ds_engine.module.parameters())
         self._gradient_bytes = 0
 
     def train_step(self, inputs, targets) -> StepResult:
         self.ds.train()
-        chunks = self.setup.micro_batches(inputs, targets)
+        chunks = self.setup.accumulation_chunks(inputs, targets)
         total = torch.zeros((), device=inputs.device)
         correct = torch.zeros((), device=inputs.device)
         for i, (x, y) in enumerate(chunks):
@@ -93,12 +94,9 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
 def build(opts: Options, setup) -> ZeroEngine:
     ctx = setup.ctx
     deepspeed = _deepspeed.start(ctx, setup.precision, "zero")
-    config = _deepspeed.make_config(
-        micro_batch=setup.micro_batch_size, accumulation=setup.grad_accumulation, dp=ctx.world_size,
-        precision=setup.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,
-        offload_parameters=opts.offload_parameters, extra=opts.config)
+    config = _config(opts, setup.plan)
     _deepspeed.record_config(setup, config)
-    model = setup.build_model().to(ctx.device)
+    model = setup.prepare(setup.build_model().to(ctx.device))
     optimizer = setup.make_optimizer(model.parameters())
     ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return ZeroEngine(setup, ds_engine, opts.stage)

@@ -88,7 +88,7 @@ def check_batch_fits_data(recipe) -> None:
     if sizes is None:
         return
     n_train = min(sizes[0], recipe.data.limit_train or sizes[0])
-    dp, batch = recipe.dp_size(), recipe.training.batch_size
+    dp, batch = recipe.plan().dp_size, recipe.training.batch_size
     if n_train // dp < batch // dp:
         raise SuiteError(f"training.batch_size={batch} is larger than the training set: {n_train} samples give each "
                          f"of {dp} data-parallel rank(s) {n_train // dp}, fewer than its {batch // dp}; "

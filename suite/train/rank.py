@@ -96,9 +96,9 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
         return cls(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
 
     return Setup(ctx=ctx, build_model=model_factory, make_optimizer=make_optimizer,
-                 task=Task(recipe.model.task), precision=tr.precision,
-                 grad_accumulation=tr.grad_accumulation, micro_batch_size=recipe.micro_batch_size(),
-                 seed=tr.seed, run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
+                 task=Task(recipe.model.task), plan=recipe.plan(),
+                 activation_checkpointing=tr.activation_checkpointing, compile=tr.compile, seed=tr.seed,
+                 run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
 
 def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
@@ -116,7 +116,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         run_record.truncate_metrics(run_dir, saved["metrics_bytes"] if saved else 0)
     log = RankLog.open(recipe, ctx, run_dir)  # run record + W&B + utilisation thread
 
-    per_rank_batch = tr.batch_size // engine.dp_size
+    per_rank_batch = setup.plan.rank_batch
     sampler = DistributedSampler(train_set, num_replicas=engine.dp_size, rank=engine.dp_rank,
                                  shuffle=True, seed=tr.seed, drop_last=True)
     loader = DataLoader(train_set, batch_size=per_rank_batch, sampler=sampler, drop_last=True)

@@ -1,0 +1,53 @@
+"""Fully sharded data parallel with torch's FSDP1 (``FullyShardedDataParallel``), still the most
+deployed FSDP: each top-level block is wrapped in its own FSDP unit (one flat parameter per
+block, all-gathered just before the block runs), the root wraps what is left.
+
+- ``sharding: full`` (FULL_SHARD, ZeRO-3-like): parameters are freed after each block's forward
+  and gathered again for its backward; gradients are reduce-scattered.
+- ``sharding: grad_op`` (SHARD_GRAD_OP, ZeRO-2-like): the gathered parameters stay from forward
+  to backward, saving an all-gather per block at the cost of memory.
+(NO_SHARD, plain data parallelism, is deprecated in torch: use ddp.)
+
+On CPU FSDP1 must be told ``device_id=cpu``, else it refuses ("FSDP needs a non-CPU accelerator
+device"). ``use_orig_params``: the optimizer and ``held_bytes`` see the model's own parameters
+(views of this rank's shard), which torch.compile also needs.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Literal
+
+
+from suite.strategies.base import ModuleEngine, StrategyOptions
+
+
+class Options(StrategyOptions):
+    name: Literal["fsdp1"] = "fsdp1"
+    sharding: Literal["full", "grad_op"] = "full"
+
+    def held_fraction(self, total: dict, plan) -> dict:
+        held = {key: value // plan.dp_size for key, value in total.items()}
+        if self.sharding == "grad_op":
+            # Full parameters stay gathered from each block's forward to its backward.
+            held["parameters"] = total["parameters"]
+        return held
+
+
+class FSDP1Engine(ModuleEngine):
+    def sync_context(self, last: bool):
+        # Accumulated micro-batches keep unsharded gradients; reduce-scatter on the last one.
+        return nullcontext() if last else self.module.no_sync()
+
+
+def build(opts: Options, setup) -> FSDP1Engine:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+
+    device = setup.ctx.device
+    model = setup.prepare(setup.build_model().to(device))
+    sharding = {"full": ShardingStrategy.FULL_SHARD, "grad_op": ShardingStrategy.SHARD_GRAD_OP}[opts.sharding]
+    kwargs = dict(sharding_strategy=sharding, device_id=device, use_orig_params=True)
+    for name, block in model.named_children():
+        if any(p.requires_grad for p in block.parameters()):
+            model.register_module(name, FSDP(block, **kwargs))
+    # The root's full state_dict (FSDP1's default) has the model's own keys, gathered on every rank.
+    return FSDP1Engine(setup, FSDP(model, **kwargs))

@@ -1,0 +1,79 @@
+"""The one place a model is prepared for training, whatever the strategy: activation
+checkpointing (``training.activation_checkpointing``), ``torch.compile`` (``training.compile``)
+and the precision the forward pass computes in (``training.precision``, as autocast).
+
+Every strategy calls ``setup.prepare(module)`` on the module it is about to wrap, in torchtitan's
+order: tensor parallel -> activation checkpointing -> compile -> data parallel / FSDP. So:
+- single, ddp, allreduce, oss, zero, fsdp, fsdp1, layer_split, fairscale_pipe: on the whole
+  model, right before it is wrapped (DDP, FSDP, DeepSpeed, fairscale) or split over devices;
+- tensor: after ``parallelize_module``, before FSDP over the data dimension;
+- pipeline: on this rank's stage, before its data-parallel wrapper;
+- ds_pipeline: on the blocks before they become the ``PipelineModule``'s layers.
+Because it acts on the blocks themselves, before any wrapper, every strategy takes both options
+(each was run against the baseline); fairscale_pipe's own ``strategy.checkpoint`` recomputes
+its partitions on top.
+
+Both act per top-level block with parameters (a transformer block, an MLP layer), like
+torchtitan, and leave parameter names and ``state_dict`` keys unchanged, so checkpoints load
+either way: checkpointing replaces the block's ``forward`` on the instance, compiling uses
+``nn.Module.compile`` (in place; ``torch.compile(module)`` would prefix every key with ``_orig_mod.``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import types
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from suite.errors import SuiteError
+
+
+def prepare(model: nn.Module, *, activation_checkpointing: bool, compile: bool, device: torch.device) -> nn.Module:
+    """``model`` with the cross-cutting options applied to each top-level block, in place."""
+    blocks = [b for b in model.children() if any(True for _ in b.parameters())]
+    if activation_checkpointing:
+        for block in blocks:
+            checkpoint_block(block)
+    if compile:
+        require_compiler(device.type)
+        for block in blocks:
+            block.compile()
+    return model
+
+
+def checkpoint_block(block: nn.Module) -> None:
+    """Recompute the block's activations in backward instead of keeping them. Non-reentrant:
+    the reentrant variant runs backward outside autograd's graph, which DDP's hooks miss (it
+    fails, or with static graphs trains wrong) and which drops gradients of inputs without
+    ``requires_grad``. A bound method, so ``copy.deepcopy`` of the model binds the copy."""
+    block.forward = types.MethodType(_checkpointed_forward, block)
+
+
+def _checkpointed_forward(self, *args, **kwargs):
+    # type(self).forward: the class's own forward (FSDP2 swaps the class for a subclass of it).
+    return checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
+
+
+def require_compiler(device_type: str) -> None:
+    """torch.compile's code generator needs a C++ compiler for CPU code (inductor) and a C
+    compiler for the GPU kernels' launchers (Triton); refuse in one line where there is none."""
+    if device_type == "cpu":
+        name, var = os.environ.get("CXX", "g++"), "CXX"
+    else:
+        name, var = os.environ.get("CC", "gcc"), "CC"
+    if not shutil.which(name):
+        raise SuiteError(f"training.compile=true needs the compiler {name} (${var}) for torch.compile's "
+                         f"{device_type} code, and this machine has none; install it, or set training.compile=false")
+
+
+def autocast(precision: str, device: torch.device):
+    """The context a forward pass runs in: plain fp32, or autocast to bf16/fp16 (parameters
+    stay fp32). DeepSpeed's engines and FSDP's ``mixed_precision`` cast by themselves instead."""
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
