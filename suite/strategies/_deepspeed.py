@@ -30,19 +30,6 @@ OWNED = {
 }
 
 
-def refuse_fp16_on_cpu(recipe) -> None:
-    """DeepSpeed's fp16 (loss-scaled half precision) needs a GPU; say so before launching."""
-    import torch
-
-    if recipe.training.precision != "fp16":
-        return
-    device = recipe.launch.device
-    local_cpu = device == "auto" and recipe.launch.executor != "slurm" and not torch.cuda.is_available()
-    if device == "cpu" or local_cpu:
-        raise SuiteError(f"training.precision=fp16 with strategy {recipe.strategy.name} needs a GPU (DeepSpeed's "
-                         f"fp16 has no CPU path); use bf16 or fp32 on CPU")
-
-
 def make_config(*, micro_batch: int, accumulation: int, dp: int, precision: str, stage: int,
                 offload_optimizer: bool = False, offload_parameters: bool = False, extra: dict = None) -> dict:
     """The DeepSpeed config of a run; batch sizes always satisfy train = micro x accumulation x dp."""

@@ -15,7 +15,7 @@ from pydantic import PositiveInt
 
 from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
-from suite.parallel_dims import resolve
+from suite.plan import Axis
 from suite.compat import deepspeed as ds_compat
 from suite.strategies import _deepspeed, splitting
 from suite.strategies.base import StrategyOptions
@@ -29,56 +29,51 @@ class Options(StrategyOptions):
     zero_stage: Literal[0, 1, 2, 3] = 0
     config: dict[str, Any] = {}  # extra DeepSpeed config keys (expert use), e.g. {pipeline: {...}}
 
-    def degrees(self, world_size: int) -> dict:
+    def mesh_axes(self) -> list[Axis]:
         # DeepSpeed's PipeDataParallelTopology: pipeline stages outer, data parallel inner.
-        return resolve("ds_pipeline", world_size, {"strategy.stages": self.stages, "data_parallel": None})
+        return [Axis("pipeline", self.stages, "strategy.stages"), Axis("data", None, "data-parallel degree", data=True)]
 
-    def dp_size(self, world_size: int) -> int:
-        return self.degrees(world_size)["data_parallel"]
+    def pipeline_chunks(self) -> int:
+        return self.micro_batches
 
-    def check(self, recipe) -> None:
+    def check(self, plan, model) -> None:
         if self.zero_stage >= 2:
             raise SuiteError(f"strategy.zero_stage={self.zero_stage}: DeepSpeed's pipeline engine takes ZeRO stage "
                              f"0 or 1 only (it runs each stage's backward itself, outside the hooks with which ZeRO-2/3 "
                              f"partition gradients and gather parameters); use zero_stage 0 or 1, or strategy zero")
-        dp = self.dp_size(recipe.world_size)
-        tr = recipe.training
-        if tr.grad_accumulation != 1:
-            raise SuiteError(f"training.grad_accumulation={tr.grad_accumulation}: strategy ds_pipeline accumulates "
+        if plan.accumulation_steps != 1:
+            raise SuiteError(f"training.grad_accumulation={plan.accumulation_steps}: strategy ds_pipeline accumulates "
                              f"over strategy.micro_batches={self.micro_batches}; leave training.grad_accumulation at 1")
-        if tr.batch_size % (dp * self.micro_batches):
-            raise SuiteError(f"training.batch_size={tr.batch_size} must divide into {dp} data-parallel rank(s) x "
-                             f"strategy.micro_batches={self.micro_batches}; use a multiple of {dp * self.micro_batches}")
-        blocks = len(splitting.meta_model(recipe))  # refuses a model that is no nn.Sequential
+        blocks = len(splitting.meta_model(model, "ds_pipeline"))  # refuses a model that is no nn.Sequential
         if blocks < self.stages:
-            raise SuiteError(f"strategy.stages={self.stages} but model {recipe.model.name} has {blocks} top-level "
+            raise SuiteError(f"strategy.stages={self.stages} but model {model.name} has {blocks} top-level "
                              f"blocks to split; use at most {blocks} stages")
-        _deepspeed.refuse_fp16_on_cpu(recipe)
-        config = _config(self, tr.batch_size // dp, dp, tr.precision)
         if self.config:
-            _deepspeed.check_config(config, self.config)
+            _deepspeed.check_config(_config(self, plan), self.config)
 
-    def held_fraction(self, total: dict, world_size: int) -> dict:
+    def held_fraction(self, total: dict, plan) -> dict:
         """About 1/stages of everything per rank (exact only for perfectly balanced stages); ZeRO-1
         also splits the optimizer state (with its fp32 master copy) over the data-parallel ranks."""
-        dp = self.dp_size(world_size)
+        dp = plan.dp_size
         out = {k: v / self.stages for k, v in total.items()}
         if self.zero_stage == 1:
             out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / self.stages / dp
         return out
 
 
-def _config(opts: Options, rank_batch: int, dp: int, precision: str) -> dict:
-    return _deepspeed.make_config(micro_batch=rank_batch // opts.micro_batches, accumulation=opts.micro_batches,
-                                  dp=dp, precision=precision, stage=opts.zero_stage, extra=opts.config)
+def _config(opts: Options, plan) -> dict:
+    # DeepSpeed's "micro-batch" and "gradient accumulation steps" are the pipeline's chunks.
+    return _deepspeed.make_config(micro_batch=plan.chunk_batch, accumulation=plan.pipeline_chunks,
+                                  dp=plan.dp_size, precision=plan.precision, stage=opts.zero_stage,
+                                  extra=opts.config)
 
 
 class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
     """One rank of DeepSpeed's pipeline engine: a stage of the PipelineModule, fed micro-batches by
     ``train_batch``."""
     def __init__(self, setup, ds_engine, micro_batches: int, zero_stage: int):
-        super().__init__(setup, ds_engine, zero_stage, dp_rank=ds_engine.grid.get_data_parallel_rank(),
-                         dp_size=ds_engine.grid.get_data_parallel_world_size())
+        plan = setup.plan
+        super().__init__(setup, ds_engine, zero_stage, dp_rank=plan.dp_rank(setup.ctx.rank), dp_size=plan.dp_size)
         self.micro_batches = micro_batches
         self.last_stage = ds_engine.is_last_stage()
         self._shape = None
@@ -139,10 +134,11 @@ def build(opts: Options, setup) -> DeepSpeedPipelineEngine:
     deepspeed = _deepspeed.start(ctx, setup.precision, "ds_pipeline")
     from deepspeed.pipe import PipelineModule
 
-    dp = opts.dp_size(ctx.world_size)
-    config = _config(opts, setup.micro_batch_size * setup.grad_accumulation, dp, setup.precision)
+    config = _config(opts, setup.plan)
     _deepspeed.record_config(setup, config)
-    layers = list(setup.build_model().children())  # same weights as the baseline on every rank
+    # Same weights as the baseline on every rank; checkpointed blocks (setup.prepare) before
+    # they become the PipelineModule's layers.
+    layers = list(setup.prepare(setup.build_model()).children())
     pipe = PipelineModule(layers=layers, num_stages=opts.stages, partition_method=opts.partition,
                           loss_fn=lambda *_: None)  # replaced by the engine's loss
     for i, layer in enumerate(layers):

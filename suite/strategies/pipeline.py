@@ -26,7 +26,7 @@ from suite.compat import torch as torch_compat
 from suite.record import metrics
 from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
-from suite.parallel_dims import device_mesh, resolve
+from suite.plan import Axis
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.splitting import check_recipe_split, cut, resolve_split
 
@@ -40,38 +40,31 @@ class Options(StrategyOptions):
     split_at: Optional[list[int]] = None  # block indices where stages 2.. start; default: balanced
     dp_mode: Literal["fully_shard", "replicate"] = "fully_shard"  # how a stage is data-parallel
 
-    def degrees(self, world_size: int) -> dict[str, int]:
+    def mesh_axes(self) -> list[Axis]:
+        # dp outer, stages inner: a pipeline's ranks are neighbours.
         dp = self.dp if (self.dp or self.stages) else 1
-        return resolve("pipeline", world_size, {"strategy.dp": dp, "strategy.stages": self.stages})
+        return [Axis("data", dp, "strategy.dp", data=True), Axis("pipeline", self.stages, "strategy.stages")]
 
-    def dp_size(self, world_size: int) -> int:
-        return self.degrees(world_size)["strategy.dp"]
+    def pipeline_chunks(self) -> int:
+        return self.micro_batches
 
-    def check(self, recipe) -> None:
-        degrees = self.degrees(recipe.world_size)
-        stages, dp = degrees["strategy.stages"], degrees["strategy.dp"]
+    def check(self, plan, model) -> None:
+        stages, dp = plan.degree("pipeline"), plan.dp_size
         if stages < 2:
             raise SuiteError(f"strategy pipeline needs strategy.stages >= 2, but it is {stages} at world size "
-                             f"{recipe.world_size} with strategy.dp={dp}; lower dp, add ranks, or use fsdp/ddp")
-        tr = recipe.training
-        if tr.grad_accumulation != 1:
-            raise SuiteError(f"training.grad_accumulation={tr.grad_accumulation}: strategy pipeline already "
+                             f"{plan.world_size} with strategy.dp={dp}; lower dp, add ranks, or use fsdp/ddp")
+        if plan.accumulation_steps != 1:
+            raise SuiteError(f"training.grad_accumulation={plan.accumulation_steps}: strategy pipeline already "
                              f"accumulates over strategy.micro_batches; set grad_accumulation=1 and raise "
                              f"micro_batches instead")
-        per_rank = tr.batch_size // dp
-        if per_rank % self.micro_batches:
-            raise SuiteError(f"strategy.micro_batches={self.micro_batches} must divide the batch of each "
-                             f"data-parallel rank ({tr.batch_size} / dp {dp} = {per_rank}); "
-                             f"choose a divisor of {per_rank}")
         if self.schedule == "1f1b" and self.micro_batches < stages:
             # torch refuses it inside the ranks (Schedule1F1B: micro-batches must be >= stages).
             raise SuiteError(f"strategy.schedule=1f1b needs strategy.micro_batches >= strategy.stages ({stages}), "
                              f"but micro_batches={self.micro_batches}; raise micro_batches or use schedule=gpipe")
-        check_recipe_split(recipe, self.split_at, stages)
+        check_recipe_split(model, self.split_at, stages, "pipeline")
 
-    def held_fraction(self, total: dict, world_size: int) -> dict:
-        d = self.degrees(world_size)
-        share = d["strategy.stages"] * (d["strategy.dp"] if self.dp_mode == "fully_shard" else 1)
+    def held_fraction(self, total: dict, plan) -> dict:
+        share = plan.degree("pipeline") * (plan.dp_size if self.dp_mode == "fully_shard" else 1)
         return {k: v // share for k, v in total.items()}  # balanced stages: about 1/stages each
 
 
@@ -82,8 +75,8 @@ def bubble_formula(stages: int, micro_batches: int) -> float:
 
 class PipelineStageEngine(ModuleEngine):
     """This rank's stage of a torch.distributed.pipelining schedule."""
-    def __init__(self, setup, module, stage, schedule, micro_batches, pp_group, dp_rank, dp_size):
-        super().__init__(setup, module, dp_rank, dp_size)
+    def __init__(self, setup, module, stage, schedule, micro_batches, pp_group):
+        super().__init__(setup, module)
         self.stage, self.schedule, self.pp_group = stage, schedule, pp_group
         self.stages, self.micro_batches = stage.num_stages, micro_batches
         self.bubble_fractions: list[float] = []
@@ -161,23 +154,22 @@ class PipelineStageEngine(ModuleEngine):
 def build(opts: Options, setup) -> PipelineStageEngine:
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-    ctx = setup.ctx
-    degrees = opts.degrees(ctx.world_size)
-    stages, dp = degrees["strategy.stages"], degrees["strategy.dp"]
-    mesh = device_mesh(ctx, degrees)  # dims ("dp", "stages"): a pipeline's ranks are neighbours
-    pp_group, stage_index = mesh.get_group("stages"), mesh.get_local_rank("stages")
+    ctx, plan = setup.ctx, setup.plan
+    stages = plan.degree("pipeline")
+    mesh = plan.device_mesh(ctx)  # dims ("data", "pipeline"): a pipeline's ranks are neighbours
+    pp_group, stage_index = mesh.get_group("pipeline"), mesh.get_local_rank("pipeline")
     model = setup.build_model()
     module = cut(model, resolve_split(opts.split_at, model, stages))[stage_index].to(ctx.device)
-    if dp > 1:
-        _data_parallel(module, mesh["dp"], opts.dp_mode)
+    module = setup.prepare(module)
+    if plan.dp_size > 1:
+        _data_parallel(module, mesh["data"], opts.dp_mode)
     stage = torch_compat.timed_stage_class(ctx.synchronize)(module, stage_index, stages, ctx.device, group=pp_group)
     task = setup.task
     schedule_cls = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
     # scale_grads (default) divides by micro_batches: the gradient of the batch mean loss.
-    schedule = schedule_cls(stage, n_microbatches=opts.micro_batches,
+    schedule = schedule_cls(stage, n_microbatches=plan.pipeline_chunks,
                             loss_fn=lambda out, target: task.loss(out, target, target))
-    return PipelineStageEngine(setup, module, stage, schedule, opts.micro_batches, pp_group,
-                          dp_rank=mesh.get_local_rank("dp"), dp_size=dp)
+    return PipelineStageEngine(setup, module, stage, schedule, plan.pipeline_chunks, pp_group)
 
 
 def _data_parallel(module, dp_mesh, mode: str) -> None:
