@@ -136,7 +136,7 @@ def test_each_rank_holds_its_stages_share(stage, stage_runs):
         assert near(rank["parameters"], p / WORLD if stage == 3 else p), rank
 
 
-@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_dry_run_prediction_matches_what_ranks_hold(stage, stage_runs):
     recipe, _, run_dir = stage_runs[stage]
     predicted = predicted_held_bytes(recipe)["per_rank"]

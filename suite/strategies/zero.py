@@ -37,14 +37,16 @@ class Options(StrategyOptions):
             _deepspeed.check_config(_config(self, plan), self.config)
 
     def held_fraction(self, total: dict, plan) -> dict:
-        """The ZeRO paper's partitioning: stage 1 splits optimizer state, 2 also gradients, 3 also
+        """What DeepSpeed holds per rank: stage 1 splits optimizer state and gradients, 3 also
         parameters. From stage 1 on DeepSpeed keeps an fp32 master copy of the rank's partition,
         counted here as optimizer state (as held_bytes counts it)."""
         n = plan.dp_size
         out = dict(total)
         if self.stage >= 1:
             out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / n
-        if self.stage >= 2:
+            # Not the ZeRO paper's stage 1 (full gradients): DeepSpeed 0.19.8 reduces gradients
+            # into partitions during backward already at stage 1 (contiguous_gradients), so a rank
+            # holds only its partition of them after backward, as held_bytes measures.
             out["gradients"] = total["gradients"] / n
         if self.stage >= 3:
             out["parameters"] = total["parameters"] / n
