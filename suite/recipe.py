@@ -19,8 +19,8 @@ from suite.data import DATASETS
 from suite.errors import SuiteError
 from suite.models import MODELS
 from suite.plan import ModelInfo, Plan, build as build_plan
-from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, read,  # noqa: F401
-                               set_path, shown)
+from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, raw_points,  # noqa: F401
+                               read, set_path, shown)
 from suite.strategies import STRATEGIES
 
 
@@ -138,14 +138,7 @@ class Recipe(Strict):
 
 def load(path: str | Path, overrides: list[str] = ()) -> list[Recipe]:
     """Read a recipe file, apply ``key.path=value`` overrides, expand the sweep, validate."""
-    raw = read(path)
-    # Switching model/data/strategy by name starts that section afresh (its old keys belong to
-    # the old choice); so name overrides go first and the section's other overrides apply after.
-    for item in sorted(overrides, key=lambda o: o.split("=", 1)[0] not in NAME_KEYS):
-        apply_override(raw, item)
-    check_plain(raw)
-    check_name(raw["name"])  # before the sweep appends to it
-    return [validate(point) for point in expand_sweep(raw)]
+    return [validate(point) for point in raw_points(path, overrides)]
 
 
 def validate(raw: dict) -> Recipe:
