@@ -1,7 +1,7 @@
 """Hand-written data parallelism ("custom data parallel" in the comparison studies): after the
 backward pass each gradient is all-reduced on its own and divided by the world size. No buckets,
 no overlap with backward, so the gap to DDP shows what DDP's bucketing buys."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch.distributed as dist
 
@@ -10,6 +10,7 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 
 class Options(StrategyOptions):
     name: Literal["allreduce"] = "allreduce"
+    reusable_process: ClassVar = True
 
 
 class AllReduceEngine(ModuleEngine):

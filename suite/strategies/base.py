@@ -2,18 +2,27 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from suite.errors import SuiteError
 from suite.plan import Axis, ModelInfo, Plan
-from suite.strategies.engine import Engine, StepResult
+from suite.strategies.engine import Engine, StepResult, StepSums
 
 
 class StrategyOptions(BaseModel):
     """A strategy's recipe keys and what it tells the plan (``suite.plan``) and the checks."""
     model_config = ConfigDict(extra="forbid")
+    # Modules a local pool's ranks import while the recipe is still being checked (suite/submit/
+    # pool.py): what this strategy's build imports anyway, and nothing more, since a run's peak
+    # memory includes its imports.
+    warm_imports: ClassVar[tuple[str, ...]] = ()
+    # Whether a rank may train the next point of a local sweep in the same process after this
+    # strategy's point: only when the strategy keeps no state outside its process group and its
+    # own objects (DeepSpeed and fairscale keep module-level state). Off unless a strategy says so.
+    reusable_process: ClassVar[bool] = False
 
     def mesh_axes(self) -> list[Axis]:
         """The mesh axes and their degrees (None: filled from the world size). Plain data
@@ -66,21 +75,17 @@ class ModuleEngine(Engine):
 
     def train_step(self, inputs, targets) -> StepResult:
         self.module.train()
-        chunks = self.setup.accumulation_chunks(inputs, targets)
-        total = torch.zeros((), device=inputs.device)
-        correct = torch.zeros((), device=inputs.device)
-        for i, (x, y) in enumerate(chunks):
-            with self.sync_context(last=i == len(chunks) - 1):
+        passes, sums = self.setup.plan.accumulation_steps, StepSums(inputs.device)
+        for x, y, last in self.setup.accumulation_chunks(inputs, targets):
+            with self.sync_context(last=last):
                 loss, right = self.forward_loss(x, y)
-                loss = loss / len(chunks)
-                loss.backward()
-            total += loss.detach().float()
-            correct += right
+                (loss / passes).backward()
+            sums.add(loss, right, passes)
         self.reduce_gradients()
         self._gradient_bytes = self.gradient_bytes()
         self.optimizer.step()
         self.zero_grad()
-        return StepResult(loss=total, samples=len(inputs), correct=correct)
+        return sums.result(len(inputs))
 
     def zero_grad(self) -> None:
         """Clear gradients after the step (a wrapper that keeps its own grad buffers overrides this)."""

@@ -1,6 +1,6 @@
 """PyTorch DistributedDataParallel: a full replica per rank, gradients averaged in buckets that
 overlap with the backward pass."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import PositiveFloat
 from torch.nn.parallel import DistributedDataParallel
@@ -10,6 +10,8 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 
 class Options(StrategyOptions):
     name: Literal["ddp"] = "ddp"
+    warm_imports: ClassVar = ("torch._dynamo",)
+    reusable_process: ClassVar = True
     bucket_cap_mb: PositiveFloat = 25.0
     static_graph: bool = False
 

@@ -8,7 +8,7 @@ sample-weighted global loss stays exact). ZeRO stage 0 or 1 only: DeepSpeed refu
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import PositiveInt
@@ -23,6 +23,7 @@ from suite.strategies.base import StrategyOptions
 
 class Options(StrategyOptions):
     name: Literal["ds_pipeline"] = "ds_pipeline"
+    warm_imports: ClassVar = ("deepspeed",)
     stages: PositiveInt = 2
     micro_batches: PositiveInt = 4  # per rank and optimizer step: DeepSpeed's gradient_accumulation_steps
     partition: Literal["parameters", "uniform"] = "parameters"  # balance stages by parameters or by blocks

@@ -53,9 +53,27 @@ class Setup:
         return prepare.autocast(self.plan.precision, self.ctx.device)
 
     def accumulation_chunks(self, inputs, targets):
-        """This rank's batch as ``plan.accumulation_steps`` forward/backward passes."""
+        """This rank's batch as ``plan.accumulation_steps`` forward/backward passes:
+        ``(inputs, targets, last)`` each, ``last`` on the pass after which gradients are reduced."""
         n = self.plan.accumulation_steps
-        return list(zip(inputs.chunk(n), targets.chunk(n))) if n > 1 else [(inputs, targets)]
+        pairs = list(zip(inputs.chunk(n), targets.chunk(n))) if n > 1 else [(inputs, targets)]
+        return [(x, y, i == len(pairs) - 1) for i, (x, y) in enumerate(pairs)]
+
+
+class StepSums:
+    """A step's loss (each pass's mean loss over the passes: the mean over the rank's batch)
+    and correct count, summed over its accumulation passes without leaving the device."""
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)
+        self.correct = torch.zeros((), device=device)
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, passes: int) -> None:
+        self.loss += loss.detach().float() / passes
+        self.correct += correct
+
+    def result(self, samples: int) -> StepResult:
+        return StepResult(loss=self.loss, samples=samples, correct=self.correct)
 
 
 class Engine:

@@ -11,7 +11,7 @@ Each rank steps only the parameters it owns, then owners broadcast the new value
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -21,6 +21,7 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 
 class Options(StrategyOptions):
     name: Literal["oss"] = "oss"
+    warm_imports: ClassVar = ("torch._dynamo", "fairscale.optim.oss")
     gradients: Literal["ddp", "sharded_ddp"] = "ddp"
 
     def held_fraction(self, total: dict, plan) -> dict:

@@ -6,18 +6,18 @@ assumes CUDA. For pipelines across ranks use strategy ``pipeline``.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import PositiveInt
 
-from suite.errors import SuiteError
 from suite.strategies.base import StrategyOptions, refuse_world_size
 from suite.strategies.layer_split import SplitEngine
-from suite.strategies.splitting import check_recipe_split, resolve_split
+from suite.strategies.splitting import check_devices_per_task, check_recipe_split, resolve_split
 
 
 class Options(StrategyOptions):
     name: Literal["fairscale_pipe"] = "fairscale_pipe"
+    warm_imports: ClassVar = ("fairscale.nn",)
     micro_batches: PositiveInt = 4  # fairscale's `chunks`
     split_at: Optional[list[int]] = None  # block indices where partitions 2.. start; default: balanced
     # Recompute activations in backward: fairscale's default keeps the last micro-batch's.
@@ -30,11 +30,7 @@ class Options(StrategyOptions):
         if plan.world_size != 1:
             refuse_world_size("fairscale_pipe", plan.world_size, "runs in one process",
                               "set launch.tasks_per_node=1, or use strategy.name=pipeline across ranks")
-        parts = plan.devices_per_task
-        if parts < 2:
-            raise SuiteError(f"strategy fairscale_pipe puts one partition on each of launch.devices_per_task "
-                             f"devices, but launch.devices_per_task={parts}; set it to 2 or more (on CPU "
-                             f"they are all the cpu)")
+        parts = check_devices_per_task(plan, "fairscale_pipe", "puts one partition on each of")
         check_recipe_split(model, self.split_at, parts, "fairscale_pipe")
 
 

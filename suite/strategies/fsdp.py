@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import PositiveInt
@@ -27,6 +27,8 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 
 class Options(StrategyOptions):
     name: Literal["fsdp"] = "fsdp"
+    warm_imports: ClassVar = ("torch._dynamo", "torch.distributed.fsdp")
+    reusable_process: ClassVar = True
     reshard_after_forward: bool = True  # false: ZeRO-2-like grad-op sharding
     replicate: PositiveInt = 1  # hybrid sharding: replicas; each is sharded over world / replicate
     mixed_precision: Literal["fp32", "bf16"] = "fp32"

@@ -15,7 +15,7 @@ device"). ``use_orig_params``: the optimizer and ``held_bytes`` see the model's 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Literal
+from typing import ClassVar, Literal
 
 
 from suite.strategies.base import ModuleEngine, StrategyOptions
@@ -23,6 +23,8 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 
 class Options(StrategyOptions):
     name: Literal["fsdp1"] = "fsdp1"
+    warm_imports: ClassVar = ("torch._dynamo", "torch.distributed.fsdp")
+    reusable_process: ClassVar = True
     sharding: Literal["full", "grad_op"] = "full"
 
     def held_fraction(self, total: dict, plan) -> dict:

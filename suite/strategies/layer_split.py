@@ -9,27 +9,24 @@ On CPU every "device" is the cpu: the code path is the real one, the memory spli
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 from torch import nn
 
-from suite.errors import SuiteError
 from suite.strategies.base import ModuleEngine, StrategyOptions
-from suite.strategies.splitting import check_recipe_split, cut, resolve_split
+from suite.strategies.splitting import check_devices_per_task, check_recipe_split, cut, resolve_split
 
 
 class Options(StrategyOptions):
     name: Literal["layer_split"] = "layer_split"
+    warm_imports: ClassVar = ("torch._dynamo",)
+    reusable_process: ClassVar = True
     # Block indices where parts 2.. start (one per extra device); default: balanced by parameters.
     split_at: Optional[list[int]] = None
 
     def check(self, plan, model) -> None:
-        parts = plan.devices_per_task
-        if parts < 2:
-            raise SuiteError(f"strategy layer_split places the model on launch.devices_per_task devices of "
-                             f"one rank, but launch.devices_per_task={parts}; set it to 2 or more (on CPU "
-                             f"they are all the cpu)")
+        parts = check_devices_per_task(plan, "layer_split", "places the model, in one rank, on")
         check_recipe_split(model, self.split_at, parts, "layer_split")
 
 

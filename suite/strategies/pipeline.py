@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,8 @@ from suite.strategies.splitting import check_recipe_split, cut, resolve_split
 
 class Options(StrategyOptions):
     name: Literal["pipeline"] = "pipeline"
+    warm_imports: ClassVar = ("torch.distributed.pipelining",)
+    reusable_process: ClassVar = True
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
     stages: Optional[PositiveInt] = None  # pipeline degree; default: world size / dp
     dp: Optional[PositiveInt] = None  # data-parallel degree; default: 1, or world size / stages

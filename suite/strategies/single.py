@@ -1,12 +1,13 @@
 """The baseline: the whole model on one rank, no communication. Every other strategy's
 per-step losses are checked against this one."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 from suite.strategies.base import ModuleEngine, StrategyOptions, refuse_world_size
 
 
 class Options(StrategyOptions):
     name: Literal["single"] = "single"
+    reusable_process: ClassVar = True
 
     def check(self, plan, model) -> None:
         if plan.world_size != 1:

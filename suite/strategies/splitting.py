@@ -75,6 +75,15 @@ def check_recipe_split(model, split_at, parts: int, strategy: str) -> None:
     resolve_split(split_at, meta_model(model, strategy), parts)
 
 
+def check_devices_per_task(plan, strategy: str, what: str) -> int:
+    """The devices one rank splits the model over (``launch.devices_per_task``), at least 2."""
+    parts = plan.devices_per_task
+    if parts < 2:
+        raise SuiteError(f"strategy {strategy} {what} launch.devices_per_task devices, but "
+                         f"launch.devices_per_task={parts}; set it to 2 or more (on CPU they are all the cpu)")
+    return parts
+
+
 def meta_model(model, strategy: str) -> nn.Sequential:
     """The model (a ``suite.plan.ModelInfo``) on the meta device, refused unless it can be split."""
     built = model.build_meta()

@@ -14,7 +14,7 @@ A model gets tensor parallelism by having a plan here: one short function from t
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 from pydantic import PositiveInt
@@ -69,6 +69,8 @@ PLANS = {"mlp": mlp_plan, "transformer": transformer_plan}
 
 class Options(StrategyOptions):
     name: Literal["tensor"] = "tensor"
+    warm_imports: ClassVar = ("torch._dynamo",)
+    reusable_process: ClassVar = True
     dp: PositiveInt = 1  # data-parallel degree (FSDP2 over the dp mesh dimension)
     tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp
 

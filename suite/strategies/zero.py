@@ -9,11 +9,11 @@ folder as ``deepspeed_config.json``; ``config`` adds expert keys, checked agains
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
-from suite.strategies.engine import StepResult
+from suite.strategies.engine import StepResult, StepSums
 from suite.errors import SuiteError
 from suite.strategies import _deepspeed
 from suite.strategies.base import StrategyOptions
@@ -21,6 +21,7 @@ from suite.strategies.base import StrategyOptions
 
 class Options(StrategyOptions):
     name: Literal["zero"] = "zero"
+    warm_imports: ClassVar = ("deepspeed",)
     stage: Literal[0, 1, 2, 3] = 2
     offload_optimizer: bool = False  # optimizer state and step on the CPU (stages 1-3)
     offload_parameters: bool = False  # parameters on the CPU between uses (stage 3 only)
@@ -69,19 +70,16 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
 
     def train_step(self, inputs, targets) -> StepResult:
         self.ds.train()
-        chunks = self.setup.accumulation_chunks(inputs, targets)
-        total = torch.zeros((), device=inputs.device)
-        correct = torch.zeros((), device=inputs.device)
-        for i, (x, y) in enumerate(chunks):
+        passes, sums = self.setup.plan.accumulation_steps, StepSums(inputs.device)
+        for x, y, last in self.setup.accumulation_chunks(inputs, targets):
             out = self.ds(self.cast(x))
             loss = self.setup.task.loss(out, x, y)
             self.ds.backward(loss)  # scales by 1/accumulation itself
-            if i == len(chunks) - 1:
+            if last:
                 self._gradient_bytes = _deepspeed.gradient_bytes(self.ds, self._params)
             self.ds.step()  # steps the optimizer only at the accumulation boundary
-            total += loss.detach().float() / len(chunks)
-            correct += self.setup.task.correct(out, y)
-        return StepResult(loss=total, samples=len(inputs), correct=correct)
+            sums.add(loss, self.setup.task.correct(out, y), passes)
+        return sums.result(len(inputs))
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):

@@ -34,15 +34,8 @@ import psutil
 
 from suite.record import run_record
 from suite.submit import launch
-from suite.submit.pool_task import REUSABLE, PoolTask
+from suite.submit.pool_task import PoolTask
 
-# What a point's own build imports anyway (torch._dynamo: DDP's and FSDP's constructors), imported
-# while suite.submit checks the recipe. Nothing more: a point's peak memory includes its imports.
-_WARM = {"ddp": ["torch._dynamo"], "fsdp": ["torch._dynamo", "torch.distributed.fsdp"],
-         "fsdp1": ["torch._dynamo", "torch.distributed.fsdp"], "tensor": ["torch._dynamo"],
-         "pipeline": ["torch.distributed.pipelining"], "layer_split": ["torch._dynamo"],
-         "oss": ["torch._dynamo", "fairscale.optim.oss"], "fairscale_pipe": ["fairscale.nn"],
-         "zero": ["deepspeed"], "ds_pipeline": ["deepspeed"]}
 _POLL_S = 0.01
 # Executor settings a pool is started with; a point runs in a pool only if its own are the same.
 _SHAPE = ("executor", "nodes", "tasks_per_node", "gpus_per_node", "signal_delay_s")
@@ -69,9 +62,8 @@ class Pool:
         points.mkdir(parents=True)
         timeout_min = sum(_fields(each)["timeout_min"] for each in launches)
         ex = launch.make_executor(SimpleNamespace(**{**first, "timeout_min": timeout_min}), folder)
-        warm = sorted({m for name in strategies for m in _WARM.get(name, [])})
         with launch.ctrl_c_reaches_only_us():
-            job = ex.submit(PoolTask(str(points), warm, os.getpid()))
+            job = ex.submit(PoolTask(str(points), sorted(set(strategies)), os.getpid()))
         return cls(job, points, {k: first[k] for k in _SHAPE}, timeout_min)
 
     def takes(self, recipe) -> bool:
@@ -90,7 +82,7 @@ class Pool:
             "recipe": recipe.model_dump(mode="json"), "run_dir": str(run_dir), "master_port": launch.free_port()})
         self.handed += 1
         self.used_min += recipe.launch.timeout_min
-        if recipe.strategy.name not in REUSABLE:
+        if not recipe.strategy.reusable_process:
             self.open = False
         return i
 

@@ -25,23 +25,22 @@ from pathlib import Path
 
 import psutil
 import submitit
-from submitit.core.utils import JobPaths
 
+from suite.compat import submitit as submitit_compat
 from suite.record import run_record
 from suite.submit import launch
 
 _POLL_S = 0.01
-# Strategies that keep no state outside their process group and objects: a rank trains the next
-# point after them in the same process. DeepSpeed and fairscale keep module-level state.
-REUSABLE = {"single", "ddp", "allreduce", "fsdp", "tensor", "pipeline", "layer_split"}
 
 
 class PoolTask(submitit.helpers.Checkpointable):
     """One task of a pool. On a requeue (time limit) submitit runs it again: points a rank is
     through are skipped and the current one resumes from its checkpoint."""
 
-    def __init__(self, points: str, warm: list[str], watcher_pid: int):
-        self.points, self.warm, self.watcher_pid = points, warm, watcher_pid
+    def __init__(self, points: str, strategies: list[str], watcher_pid: int):
+        # strategies: the names the recipe text gives (before it is checked; unknown ones are
+        # ignored here and refused by the checks).
+        self.points, self.strategies, self.watcher_pid = points, strategies, watcher_pid
 
     def __call__(self):
         env = submitit.JobEnvironment()
@@ -52,12 +51,13 @@ class PoolTask(submitit.helpers.Checkpointable):
         (points / "rank0.pid").write_text(str(os.getpid()))
         launch.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
-        for name in self.warm:
+        warm = _warm_imports(self.strategies)
+        for name in warm:
             try:
                 importlib.import_module(name)
             except ImportError:
                 pass  # the point's own import fails the same way, and is recorded in its run folder
-        print(f"warm after {time.time() - started:.1f} s (suite.train.rank, {', '.join(self.warm) or 'nothing else'})",
+        print(f"warm after {time.time() - started:.1f} s (suite.train.rank, {', '.join(warm) or 'nothing else'})",
               flush=True)
         sys.stderr.flush()
         children = [self._fork(k, env) for k in range(1, env.num_tasks)]
@@ -73,7 +73,7 @@ class PoolTask(submitit.helpers.Checkpointable):
         points, code = Path(self.points), 0
         try:
             _die_with_parent()
-            paths = JobPaths(env.paths.folder, env.job_id, rank)
+            paths = submitit_compat.task_paths(env.paths.folder, env.job_id, rank)
             for fd, path in ((1, paths.stdout), (2, paths.stderr)):
                 target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
                 os.dup2(target, fd)
@@ -111,7 +111,7 @@ class PoolTask(submitit.helpers.Checkpointable):
             if ended == "preempted":  # requeued: the next attempt resumes this point
                 return None
             done.touch()
-            if ended != "completed" or spec["recipe"]["strategy"]["name"] not in REUSABLE:
+            if ended != "completed" or not _options(spec["recipe"]["strategy"]["name"]).reusable_process:
                 return rank
 
     def _next(self, points: Path, i: int) -> dict | None:
@@ -195,3 +195,17 @@ def _reset_peak_memory() -> None:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         pass
+
+
+def _options(strategy: str):
+    """The options class of a strategy (its class-level declarations: ``warm_imports``,
+    ``reusable_process``); the per-rank side, so importing the strategies costs nothing more here."""
+    from suite.strategies import STRATEGIES
+
+    return STRATEGIES[strategy].Options
+
+
+def _warm_imports(strategies: list[str]) -> list[str]:
+    from suite.strategies import STRATEGIES
+
+    return sorted({m for name in strategies if name in STRATEGIES for m in STRATEGIES[name].Options.warm_imports})

@@ -1,0 +1,102 @@
+"""Local runs train in warm ranks (suite/submit/pool.py): the points of a sweep run one after another
+in the same rank processes, each with its own run folder and record, and learn exactly as they do
+when run alone; a strategy that keeps process-wide state, or a point that fails, gets new ranks for
+the points after it. Runs with the recipe's own tracking (W&B offline), as users run it."""
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from suite.record.run_record import read_metrics
+from suite.strategies import STRATEGIES
+
+DEFAULT_TRACKING = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+SHORT = ["training.max_steps=5", "training.log_every_steps=1"]
+
+
+def submit(out: Path, *args, recipe="recipes/quickstart.yaml", timeout=300):
+    return subprocess.run([sys.executable, "-m", "suite.submit", recipe, "--out", str(out), *SHORT, *args],
+                          capture_output=True, text=True, timeout=timeout, env=DEFAULT_TRACKING)
+
+
+def runs(out: Path) -> list[Path]:
+    """Run folders in sweep order (suite.submit makes them, with their recipe.yaml, one by one)."""
+    found = [p for p in out.iterdir() if (p / "recipe.yaml").exists()]
+    return sorted(found, key=lambda p: (p / "recipe.yaml").stat().st_mtime_ns)
+
+
+def rank_pids(run_dir: Path) -> list[int]:
+    return [json.loads(p.read_text())["pid"] for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [s["global_loss"] for s in sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda s: s["step"])]
+
+
+def status(run_dir: Path) -> str:
+    return json.loads((run_dir / "summary.json").read_text())["status"]
+
+
+def test_a_sweeps_points_run_in_the_same_warm_ranks_and_learn_as_when_run_alone(tmp_path):
+    proc = submit(tmp_path / "sweep", "sweep.training.seed=[3,4,5]")
+    assert proc.returncode == 0, proc.stderr
+    points = runs(tmp_path / "sweep")
+    assert len(points) == 3 and all(status(p) == "completed" for p in points)
+    assert len({tuple(rank_pids(p)) for p in points}) == 1, "every point should reuse the same two rank processes"
+    assert len(set(rank_pids(points[0]))) == 2
+
+    alone = submit(tmp_path / "alone", "training.seed=5")
+    assert alone.returncode == 0, alone.stderr
+    (single_run,) = runs(tmp_path / "alone")
+    assert yaml.safe_load((points[2] / "recipe.yaml").read_text())["training"]["seed"] == 5
+    # Nothing of the earlier points (RNG, process group, optimizer) leaks into the last one.
+    assert losses(points[2]) == losses(single_run) and len(losses(single_run)) == 5
+    assert set(rank_pids(single_run)).isdisjoint(rank_pids(points[2]))
+
+
+def test_after_a_strategy_with_process_wide_state_the_next_point_gets_new_ranks(tmp_path):
+    assert not STRATEGIES["zero"].Options.reusable_process  # DeepSpeed keeps module-level state
+    proc = submit(tmp_path, "sweep.strategy.name=[zero,ddp]", "training.max_steps=3")
+    assert proc.returncode == 0, proc.stderr
+    zero, ddp = runs(tmp_path)
+    assert json.loads((zero / "summary.json").read_text())["strategy"] == "zero"
+    assert status(zero) == status(ddp) == "completed"
+    assert set(rank_pids(zero)).isdisjoint(rank_pids(ddp))
+
+
+FAULTY = '''
+import torch
+from torch import nn
+
+
+def build(spec, fail: bool = False):
+    # Raises only when building for training, not on the meta device the checks build on.
+    if fail and torch.empty(0).device.type != "meta":
+        raise RuntimeError("planted failure in the model factory")
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, spec.num_classes))
+'''
+
+
+def test_a_failed_point_ends_its_ranks_and_the_points_after_it_still_run(tmp_path):
+    (tmp_path / "faulty_nets.py").write_text(FAULTY)
+    recipe = yaml.safe_load(open("recipes/quickstart.yaml"))
+    recipe["model"] = {"name": "custom", "target": "faulty_nets:build", "pythonpath": [str(tmp_path)]}
+    recipe["sweep"] = {"model.kwargs.fail": [False, True, False]}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    proc = submit(tmp_path / "out", recipe=str(path))
+    assert proc.returncode == 1, proc.stderr
+    assert "planted failure" in proc.stdout + proc.stderr
+    first, failed, last = runs(tmp_path / "out")
+    assert [status(first), status(failed), status(last)] == ["completed", "failed", "completed"]
+    assert set(rank_pids(last)).isdisjoint(rank_pids(failed))
+
+
+def test_every_strategy_declares_warm_imports_that_exist():
+    for name, module in STRATEGIES.items():
+        for warm in module.Options.warm_imports:
+            assert importlib.util.find_spec(warm) is not None, (name, warm)
