@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from suite.compat import CHECKED, CompatError, deepspeed as ds_compat, import_internal, installed_version, require_attr
-from suite.compat import torch as torch_compat, torchvision as tv_compat
+from suite.compat import submitit as submitit_compat, torch as torch_compat, torchvision as tv_compat
 from suite.estimate import parameter_count
 from suite.strategies import _deepspeed
 from tests.parity import BASE, make_recipe, step_losses
@@ -55,7 +55,7 @@ def test_the_checked_versions_are_the_installed_ones_and_the_pins():
 
 def test_every_accessor_is_documented():
     docs = (REPO / "docs/compat.md").read_text()
-    for module in (ds_compat, torch_compat, tv_compat):
+    for module in (ds_compat, torch_compat, tv_compat, submitit_compat):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if fn.__module__ == module.__name__ and not name.startswith("_"):
                 assert f"`{name}`" in docs, f"{module.__name__}.{name} is not in docs/compat.md"
@@ -202,3 +202,43 @@ def test_bf16_without_zero_counts_its_fp32_master_copy(tmp_path):
     for rank in held(tmp_path):
         assert near(rank["parameters"], p / 2) and near(rank["gradients"], p / 2), rank  # bf16
         assert near(rank["optimizer_state"], 2 * p + p), rank  # Adam on the fp32 copy + the copy
+
+
+# ---- submitit ------------------------------------------------------------------------------------
+
+def test_submitit_accessors_work_on_a_real_local_job(tmp_path):
+    import submitit
+
+    executor = submitit.LocalExecutor(tmp_path)
+    executor.update_parameters(timeout_min=1)
+    job = executor.submit(sorted, [2, 1])
+    assert job.result() == [1, 2]
+    assert submitit_compat.left_result(job.task(0))
+    paths = submitit_compat.task_paths(tmp_path, job.job_id, 0)
+    assert paths.stdout == job.task(0).paths.stdout
+    assert issubclass(submitit_compat.failed_job_error(), Exception)
+
+
+def test_a_task_without_its_result_file_reads_as_killed_and_changed_paths_fail_loudly():
+    task = SimpleNamespace(paths=SimpleNamespace(result_pickle=Path("/nonexistent/result.pkl")))
+    assert not submitit_compat.left_result(task)
+    with loud("submitit", "result_pickle"):
+        submitit_compat.left_result(SimpleNamespace(paths=SimpleNamespace()))
+
+
+def test_only_submitits_own_requeue_handler_is_kept(monkeypatch):
+    import signal
+
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        assert submitit_compat.requeue_handler() is None  # torchrun, a plain process
+        signal.signal(signal.SIGUSR2, lambda *_: None)
+        assert submitit_compat.requeue_handler() is None  # someone else's handler
+        from submitit.core.job_environment import SignalHandler
+
+        handler = SignalHandler.__new__(SignalHandler).checkpoint_and_try_requeue
+        signal.signal(signal.SIGUSR2, handler)
+        assert submitit_compat.requeue_handler() == handler
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import psutil
 import submitit
 
+from suite.compat import submitit as submitit_compat
 from suite.errors import RunCancelled, RunFailed
 from suite.record import run_record
 from suite.record.status import squeue
@@ -107,7 +107,7 @@ class Watch:
             return []
         return [p["rank"] for p in run_record.rank_processes(self.run_dir)
                 if p["started_at"] >= self._since - 1  # not an earlier attempt's (one machine: one clock)
-                and not alive(p["pid"]) and not self.job.task(p["rank"]).paths.result_pickle.exists()]
+                and not alive(p["pid"]) and not submitit_compat.left_result(self.job.task(p["rank"]))]
 
     # ---- stopping -------------------------------------------------------------------------
     def _rank_processes(self) -> list:
@@ -262,15 +262,15 @@ def _silent_ranks(job, run_dir: Path) -> list[int]:
     """Ranks that left neither an error record nor a submitit result: they were killed."""
     recorded = run_record.error_ranks(run_dir)
     return [k for k in range(job.num_tasks)
-            if k not in recorded and not job.task(k).paths.result_pickle.exists()]
+            if k not in recorded and not submitit_compat.left_result(job.task(k))]
 
 
 def _submitit_error(job):
     """A task that died before our loop could record anything (import error, bad pickle)."""
     for task_id in range(job.num_tasks):
         task = job.task(task_id)
-        if task.paths.result_pickle.exists():
-            failure = task.exception()
+        if submitit_compat.left_result(task):
+            failure = task.exception()  # the result is there: returns at once
             if failure is not None:
                 last = [ln for ln in str(failure).strip().splitlines() if ln.strip()][-1]
                 return task_id, last, task.paths.stderr

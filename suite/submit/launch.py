@@ -11,6 +11,7 @@ from pathlib import Path
 
 import submitit
 
+from suite.compat import submitit as submitit_compat
 from suite.errors import SuiteError
 from suite.record import run_record
 
@@ -115,7 +116,7 @@ def submit(recipes_and_dirs: list, folder: Path | None = None, watched: bool = F
     """
     try:
         return _submit(recipes_and_dirs, folder, watched)
-    except submitit.core.utils.FailedJobError as e:
+    except submitit_compat.failed_job_error() as e:
         # sbatch refused: no run of this submission started, so none is left looking under way.
         why = " ".join(str(e).split())[-300:]
         for _, run_dir in recipes_and_dirs:

@@ -18,6 +18,8 @@ import threading
 
 import psutil
 
+from suite.compat import submitit as submitit_compat
+
 _preempt = threading.Event()
 _cancel = threading.Event()
 _submitit_handler = None
@@ -51,7 +53,7 @@ def install_handlers(watcher_pid: int | None = None) -> None:
     _watcher_pid = watcher_pid
     if threading.current_thread() is not threading.main_thread():
         return
-    _submitit_handler = signal.getsignal(signal.SIGUSR2)
+    _submitit_handler = submitit_compat.requeue_handler()
     signal.signal(signal.SIGUSR2, lambda signum, frame: _preempt.set())
     signal.signal(signal.SIGINT, lambda signum, frame: _cancel.set())
 
@@ -74,7 +76,7 @@ def _alive(pid: int) -> bool:
 def hand_over_to_submitit(ctx) -> None:
     """Rank 0: let submitit requeue the job (it exits the process); others just stop."""
     _preempt.clear()
-    if ctx.is_main and callable(_submitit_handler):
+    if ctx.is_main and _submitit_handler is not None:
         try:
             _submitit_handler(signal.SIGUSR2, None)  # submitit: requeue, then sys.exit
         except SystemExit as e:

@@ -1,0 +1,43 @@
+"""submitit internals the launcher, the follower and the preemption handler rely on. Every access
+was checked on submitit 1.5.4 (the pin in pyproject.toml; ``suite.compat.CHECKED``) and only that
+version; docs/compat.md says what each is for. Everything else the suite uses is submitit's public
+API (executors, ``Job.state``/``cancel``/``task``/``exception``, ``JobEnvironment``, ``helpers``).
+"""
+from __future__ import annotations
+
+import signal
+
+from suite.compat import import_internal, require_attr
+
+LIB = "submitit"
+
+
+def left_result(task) -> bool:
+    """Whether a task (``job.task(k)``) wrote its result file, as every task that returns or raises
+    does. A task killed by a signal (or the OOM killer) writes none, which is how the follower
+    tells a killed rank from a failed one: the public ``done()`` cannot, since a local job's
+    state is FINISHED either way and ``done`` falls back to that state."""
+    paths = require_attr(task, "paths", lib=LIB, what="a task's file paths")
+    return require_attr(paths, "result_pickle", lib=LIB, what="the file a task's outcome is pickled to").exists()
+
+
+def task_paths(folder, job_id: str, task_id: int):
+    """The log files submitit gives task ``task_id`` of a job (``.stdout``, ``.stderr``): a rank
+    forked inside a pool writes its output to its own task's files (suite/submit/pool_task.py)."""
+    paths_class = import_internal("submitit.core.utils", "JobPaths", lib=LIB, what="where a task's files go")
+    return paths_class(folder, job_id, task_id)
+
+
+def failed_job_error() -> type:
+    """The exception an executor's ``submit`` raises when the scheduler refuses a job (sbatch's error)."""
+    return import_internal("submitit.core.utils", "FailedJobError", lib=LIB, what="a refused submission")
+
+
+def requeue_handler():
+    """The SIGUSR2 handler submitit's task wrapper installs for a ``Checkpointable`` callable
+    (checkpoint, requeue, exit), or None where the rank was not started by submitit (torchrun).
+    The suite keeps it and calls it once its own checkpoint is safe (suite/train/stop.py)."""
+    handler = signal.getsignal(signal.SIGUSR2)  # SIG_DFL / SIG_IGN (ints) where nobody installed one
+    if not callable(handler):
+        return None
+    return handler if (handler.__module__ or "").startswith("submitit.") else None
