@@ -6,7 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from suite.record import run_record
 from suite.record.status import state
 
 

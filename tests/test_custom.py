@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import yaml
-from torch import nn
 from torch.utils.data import TensorDataset
 
 from suite.data import DATASETS

@@ -2,6 +2,7 @@
 import the per-rank code (suite.train), and the run record's reader imports no torch."""
 import subprocess
 import sys
+from pathlib import Path
 
 
 def _modules_after_import(*names) -> set[str]:
@@ -22,3 +23,18 @@ def test_the_run_record_and_analysis_import_no_torch():
     loaded = _modules_after_import("suite.record.run_record", "analysis.report")
     assert "torch" not in loaded
     assert not [m for m in loaded if m.startswith("suite.train")]
+
+
+def test_the_readmes_layout_names_every_module_outside_the_registries():
+    """README's Layout section names every top-level module and folder of suite/, and every file of
+    the packages that are not one-file-per-entry registries (strategies, models, data)."""
+    root = Path(__file__).resolve().parents[1]
+    layout = (root / "README.md").read_text().split("## Layout", 1)[1]
+    suite = root / "suite"
+    wanted = [p for p in suite.iterdir() if p.suffix == ".py" and p.name != "__init__.py"]
+    wanted += [p for p in suite.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    for package in ("submit", "train", "record", "compat"):
+        wanted += [p for p in (suite / package).glob("*.py") if p.name != "__init__.py"]
+    missing = sorted(str(p.relative_to(root)) for p in wanted
+                     if f"`{p.name}" not in layout and f"{p.relative_to(root)}" not in layout)
+    assert not missing, f"README's Layout section does not name: {missing}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from common import BASE, HERE, Bench, Section, median, steps
+from common import HERE, Bench, Section, median, steps
 
 TARGET = 1.03
 # label -> (suite strategy override, ranks, loss tolerance). Single: bit for bit; data parallel:

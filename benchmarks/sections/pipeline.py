@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from common import BASE, HERE, Bench, Section, median
+from common import HERE, Bench, Section, median
 
 K, WIDTH, BATCH = 2, 1024, 128
 RUNS = [("gpipe", 1), ("gpipe", 2), ("gpipe", 4), ("gpipe", 8), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8)]
