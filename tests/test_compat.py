@@ -213,7 +213,10 @@ def test_submitit_accessors_work_on_a_real_local_job(tmp_path):
     executor.update_parameters(timeout_min=1)
     job = executor.submit(sorted, [2, 1])
     assert job.result() == [1, 2]
-    assert submitit_compat.left_result(job.task(0))
+    assert submitit_compat.left_result(job.task(0)) and submitit_compat.task_error(job.task(0)) is None
+    failed = executor.submit(int, "not a number")
+    failed.wait()
+    assert "ValueError" in submitit_compat.task_error(failed.task(0))
     paths = submitit_compat.task_paths(tmp_path, job.job_id, 0)
     assert paths.stdout == job.task(0).paths.stdout
     assert issubclass(submitit_compat.failed_job_error(), Exception)
@@ -242,3 +245,28 @@ def test_only_submitits_own_requeue_handler_is_kept(monkeypatch):
         assert submitit_compat.requeue_handler() == handler
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_failed_tasks_error_is_read_at_once_while_its_peers_still_run(tmp_path):
+    """A warm pool's rank 0 goes on serving after another task failed: the follower must read the
+    failed task's error without waiting for the job (submitit's exception() would wait)."""
+    import time
+
+    import submitit
+
+    from suite.submit.follow import _submitit_error
+    from tests.submitit_tasks import rank1_fails_while_rank0_works
+
+    executor = submitit.LocalExecutor(tmp_path)
+    executor.update_parameters(timeout_min=2, tasks_per_node=2)
+    job = executor.submit(rank1_fails_while_rank0_works, 60)
+    try:
+        deadline = time.time() + 60
+        while not submitit_compat.left_result(job.task(1)) and time.time() < deadline:
+            time.sleep(0.1)
+        started = time.time()
+        rank, line, _ = _submitit_error(job)
+        assert (rank, line) == (1, "ValueError: planted failure on rank 1") and time.time() - started < 2
+        assert job.state == "RUNNING"
+    finally:
+        job.cancel(check=False)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from suite.record.run_record import read_metrics
@@ -24,9 +25,9 @@ def submit(out: Path, *args, recipe="recipes/quickstart.yaml", timeout=300):
 
 
 def runs(out: Path) -> list[Path]:
-    """Run folders in sweep order (suite.submit makes them, with their recipe.yaml, one by one)."""
-    found = [p for p in out.iterdir() if (p / "recipe.yaml").exists()]
-    return sorted(found, key=lambda p: (p / "recipe.yaml").stat().st_mtime_ns)
+    """Run folders in the order they were handed to the ranks (job.json is written then)."""
+    found = [p for p in out.iterdir() if (p / "job.json").exists()]
+    return sorted(found, key=lambda p: json.loads((p / "job.json").read_text())["submitted_at"])
 
 
 def rank_pids(run_dir: Path) -> list[int]:
@@ -41,6 +42,7 @@ def status(run_dir: Path) -> str:
     return json.loads((run_dir / "summary.json").read_text())["status"]
 
 
+@pytest.mark.timeout(600)
 def test_a_sweeps_points_run_in_the_same_warm_ranks_and_learn_as_when_run_alone(tmp_path):
     proc = submit(tmp_path / "sweep", "sweep.training.seed=[3,4,5]")
     assert proc.returncode == 0, proc.stderr
@@ -52,10 +54,10 @@ def test_a_sweeps_points_run_in_the_same_warm_ranks_and_learn_as_when_run_alone(
     alone = submit(tmp_path / "alone", "training.seed=5")
     assert alone.returncode == 0, alone.stderr
     (single_run,) = runs(tmp_path / "alone")
-    assert yaml.safe_load((points[2] / "recipe.yaml").read_text())["training"]["seed"] == 5
+    (seed5,) = [p for p in points if yaml.safe_load((p / "recipe.yaml").read_text())["training"]["seed"] == 5]
     # Nothing of the earlier points (RNG, process group, optimizer) leaks into the last one.
-    assert losses(points[2]) == losses(single_run) and len(losses(single_run)) == 5
-    assert set(rank_pids(single_run)).isdisjoint(rank_pids(points[2]))
+    assert losses(seed5) == losses(single_run) and len(losses(single_run)) == 5
+    assert set(rank_pids(single_run)).isdisjoint(rank_pids(seed5))
 
 
 def test_after_a_strategy_with_process_wide_state_the_next_point_gets_new_ranks(tmp_path):

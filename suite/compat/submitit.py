@@ -21,6 +21,18 @@ def left_result(task) -> bool:
     return require_attr(paths, "result_pickle", lib=LIB, what="the file a task's outcome is pickled to").exists()
 
 
+def task_error(task) -> str | None:
+    """The traceback a task ended with (its result file says "error"), or None: read from the
+    result file directly. The public ``exception()`` first waits for the job to be done, and a
+    local job is done only when all its tasks are (a warm pool's rank 0 goes on serving points
+    after another task failed): waiting there never ends."""
+    if not left_result(task):
+        return None
+    load = import_internal("submitit.core.utils", "pickle_load", lib=LIB, what="reads a task's result file")
+    outcome, payload = load(task.paths.result_pickle)
+    return str(payload) if outcome == "error" else None
+
+
 def task_paths(folder, job_id: str, task_id: int):
     """The log files submitit gives task ``task_id`` of a job (``.stdout``, ``.stderr``): a rank
     forked inside a pool writes its output to its own task's files (suite/submit/pool_task.py)."""

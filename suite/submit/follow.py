@@ -269,11 +269,10 @@ def _submitit_error(job):
     """A task that died before our loop could record anything (import error, bad pickle)."""
     for task_id in range(job.num_tasks):
         task = job.task(task_id)
-        if submitit_compat.left_result(task):
-            failure = task.exception()  # the result is there: returns at once
-            if failure is not None:
-                last = [ln for ln in str(failure).strip().splitlines() if ln.strip()][-1]
-                return task_id, last, task.paths.stderr
+        failure = submitit_compat.task_error(task)  # never waits (exception() would, for a pool)
+        if failure is not None:
+            last = [ln for ln in failure.strip().splitlines() if ln.strip()][-1]
+            return task_id, last, task.paths.stderr
     return None
 
 

@@ -48,7 +48,7 @@ class PoolTask(submitit.helpers.Checkpointable):
         if env.global_rank > 0:
             return _stand_in(points, env.global_rank)
         started = time.time()
-        (points / "rank0.pid").write_text(str(os.getpid()))
+        run_record.write_json_atomic(points / "rank0.pid", os.getpid())
         launch.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
         warm = _warm_imports(self.strategies)
@@ -80,7 +80,7 @@ class PoolTask(submitit.helpers.Checkpointable):
                 os.close(target)
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), SUBMITIT_LOCAL_GLOBALID=str(rank),
                               SUBMITIT_LOCAL_LOCALID=str(rank))
-            (points / f"rank{rank}.pid").write_text(str(os.getpid()))
+            run_record.write_json_atomic(points / f"rank{rank}.pid", os.getpid())
             served = self._serve(points, rank)
             _write_exit(points, rank, "preempted" if served is None else "completed")
         except BaseException as e:  # noqa: BLE001 - told to the stand-in, which fails with it
@@ -127,11 +127,13 @@ class PoolTask(submitit.helpers.Checkpointable):
 def _stand_in(points: Path, rank: int):
     """Task k > 0: wait for rank k (forked by task 0), forward signals to it, end as it ended."""
     pid_file, first = points / f"rank{rank}.pid", points / "rank0.pid"
+    # The pid files appear whole (written aside, then renamed): a reader under load once saw an
+    # empty one and failed the whole point.
     while not pid_file.exists():
-        if first.exists() and not alive(int(first.read_text())):
+        if first.exists() and not alive(run_record.read_json(first)):
             raise RuntimeError(f"rank 0 of the pool ended before it started rank {rank} (see task 0's log)")
         time.sleep(_POLL_S)
-    pid = int(pid_file.read_text())
+    pid = run_record.read_json(pid_file)
     for sig in (signal.SIGUSR2, signal.SIGTERM):  # the local controller's time limit and stop
         signal.signal(sig, lambda signum, frame: _send(pid, signum))
     while alive(pid):
