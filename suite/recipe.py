@@ -17,6 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
 
 from suite.data import DATASETS
 from suite.errors import SuiteError
+from suite.lr_schedule import Schedule
 from suite.models import MODELS
 from suite.plan import ModelInfo, Plan, build as build_plan
 from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, raw_points,  # noqa: F401
@@ -39,6 +40,7 @@ class Optimizer(Strict):
     momentum: float = 0.0
     weight_decay: float = 0.0
     betas: Annotated[list[float], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    schedule: Schedule = Schedule()  # lr per step: constant, step or cosine, with warm-up (suite.lr_schedule)
 
 
 class Training(Strict):
@@ -154,8 +156,10 @@ def validate(raw: dict) -> Recipe:
 
 def check(recipe: Recipe) -> None:
     """Checks that need more than one key: degrees against world size and batch divisibility
-    (the plan), then the strategy's own rules."""
+    (the plan), then the strategy's own rules, the lr schedule's and the data options'."""
     recipe.strategy.check(recipe.plan(), recipe.model_info())
+    recipe.optimizer.schedule.check(recipe.optimizer.lr)
+    recipe.data.check()
     launch = recipe.launch
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "

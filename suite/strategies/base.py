@@ -82,6 +82,9 @@ class ModuleEngine(Engine):
         self.zero_grad()
         return StepResult(loss=total, samples=len(inputs), correct=correct)
 
+    def optimizer_groups(self) -> list[dict]:
+        return self.optimizer.param_groups  # fairscale OSS: its own groups, synced into its shard's each step
+
     def zero_grad(self) -> None:
         """Clear gradients after the step (a wrapper that keeps its own grad buffers overrides this)."""
         self.optimizer.zero_grad(set_to_none=True)
