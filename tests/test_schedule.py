@@ -64,10 +64,11 @@ def test_the_schedule_changes_training_and_its_lr_is_recorded(baseline, tmp_path
     assert [r["lr"] for r in steps] == pytest.approx(STEP_LRS, rel=1e-12)
 
 
-def test_wandb_export_carries_the_lr(baseline):
+def test_wandb_export_carries_the_lr(baseline, monkeypatch):
     from analysis import wandb_runs
     from suite.record import wandb_export
 
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     _, run_dir = baseline
     assert wandb_export.export_rank(run_dir, 0, "offline") is None
     (written,) = wandb_runs.run_dirs(run_dir)
@@ -81,7 +82,10 @@ def test_wandb_export_carries_the_lr(baseline):
     {"name": "zero", "stage": 1},
     {"name": "fsdp"},
     {"name": "oss"},  # fairscale OSS copies its own groups' lr into its shard's optimizer each step
-], ids=["ddp", "zero2", "zero1", "fsdp", "oss"])
+    {"name": "tensor"},
+    {"name": "pipeline", "schedule": "1f1b", "micro_batches": 4},
+    {"name": "ds_pipeline", "stages": 2, "micro_batches": 4},  # DeepSpeed steps inside train_batch
+], ids=["ddp", "zero2", "zero1", "fsdp", "oss", "tensor", "pipeline", "ds_pipeline"])
 def test_a_step_schedule_matches_single_process(strategy, baseline, tmp_path):
     recipe = make_recipe(strategy, world_size=2, optimizer=scheduled())
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
