@@ -62,8 +62,8 @@ def test_a_samples_augmentation_depends_on_seed_epoch_and_index_only():
 def test_flip_alone_mirrors_about_half_and_keeps_the_rest():
     data, x, _ = _set({"hflip": True})
     out, _ = data.__getitems__(list(range(40)))
-    mirrored = torch.stack([torch.equal(o, i.flip(-1)) for o, i in zip(out, x)])
-    kept = torch.stack([torch.equal(o, i) for o, i in zip(out, x)])
+    mirrored = torch.tensor([torch.equal(o, i.flip(-1)) for o, i in zip(out, x)])
+    kept = torch.tensor([torch.equal(o, i) for o, i in zip(out, x)])
     assert bool((mirrored ^ kept).all()) and 10 <= int(mirrored.sum()) <= 30
 
 
