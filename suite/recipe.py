@@ -89,6 +89,11 @@ class Tracking(Strict):
     peak_flops_per_s: Optional[PositiveFloat] = None  # per device, for MFU where suite.record.flops has no entry
 
 
+# Keys added after runs had been recorded: left out of the fingerprint at their defaults, so that a
+# recipe not using them keeps the fingerprint its earlier runs have (analysis groups repeats by it).
+_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"))
+
+
 class Recipe(Strict):
     """One run: what to train, how to split it, how to launch it."""
     name: str  # names the run folder: load() refuses what is not a file-name slug (check_name)
@@ -133,6 +138,11 @@ class Recipe(Strict):
     def fingerprint(self) -> str:
         """Hash of what determines the numbers (everything but launch and tracking)."""
         d = self.model_dump(mode="json", exclude={"launch", "tracking", "sweep", "name"})
+        for section, key in _LATER_KEYS:  # at their defaults they change nothing: leave them out
+            options = getattr(self, section)
+            field = type(options).model_fields.get(key)
+            if field is not None and getattr(options, key) == field.default:
+                d[section].pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

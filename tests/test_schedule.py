@@ -144,3 +144,13 @@ def test_resolved_recipe_with_a_schedule_loads_again():
     recipe = make_recipe({"name": "single"}, optimizer=scheduled())
     again = recipes.validate(yaml.safe_load(recipes.dump(recipe)))
     assert again.optimizer.schedule == recipe.optimizer.schedule
+
+
+def test_the_fingerprint_counts_a_schedule_or_augmentation_only_when_used():
+    """Recipes that leave the new keys at their defaults keep the fingerprint of their earlier runs
+    (analysis groups repeats by it); using them makes a different experiment."""
+    plain = make_recipe({"name": "single"}).fingerprint()
+    assert make_recipe({"name": "single"}, optimizer=scheduled({}),
+                       data={**BASE["data"], "augment": {}, "normalize": False}).fingerprint() == plain
+    assert make_recipe({"name": "single"}, optimizer=scheduled()).fingerprint() != plain
+    assert make_recipe({"name": "single"}, data={**BASE["data"], "augment": {"hflip": True}}).fingerprint() != plain
