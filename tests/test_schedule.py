@@ -76,19 +76,34 @@ def test_wandb_export_carries_the_lr(baseline, monkeypatch):
     assert [r["lr"] for r in rows] == pytest.approx(STEP_LRS, rel=1e-12)
 
 
-@pytest.mark.parametrize("strategy", [
-    {"name": "ddp"},
-    {"name": "zero", "stage": 2},  # DeepSpeed wraps the optimizer: its step must see the new lr
-    {"name": "zero", "stage": 1},
-    {"name": "fsdp"},
-    {"name": "oss"},  # fairscale OSS copies its own groups' lr into its shard's optimizer each step
-    {"name": "tensor"},
-    {"name": "pipeline", "schedule": "1f1b", "micro_batches": 4},
-    {"name": "ds_pipeline", "stages": 2, "micro_batches": 4},  # DeepSpeed steps inside train_batch
-], ids=["ddp", "zero2", "zero1", "fsdp", "oss", "tensor", "pipeline", "ds_pipeline"])
-def test_a_step_schedule_matches_single_process(strategy, baseline, tmp_path):
-    recipe = make_recipe(strategy, world_size=2, optimizer=scheduled())
+TWO_DEVICES = {"devices_per_task": 2}
+
+
+@pytest.mark.parametrize("strategy, world, launch", [
+    ({"name": "ddp"}, 2, {}),
+    ({"name": "allreduce"}, 2, {}),
+    ({"name": "zero", "stage": 2}, 2, {}),  # DeepSpeed wraps the optimizer: its step must see the new lr
+    ({"name": "zero", "stage": 1}, 2, {}),
+    ({"name": "fsdp"}, 2, {}),
+    ({"name": "fsdp1"}, 2, {}),
+    ({"name": "oss"}, 2, {}),  # fairscale OSS copies its own groups' lr into its shard's optimizer each step
+    ({"name": "tensor"}, 2, {}),
+    ({"name": "pipeline", "schedule": "1f1b", "micro_batches": 4}, 2, {}),
+    ({"name": "ds_pipeline", "stages": 2, "micro_batches": 4}, 2, {}),  # DeepSpeed steps inside train_batch
+    ({"name": "layer_split"}, 1, TWO_DEVICES),
+    ({"name": "fairscale_pipe", "micro_batches": 4}, 1, TWO_DEVICES),
+], ids=["ddp", "allreduce", "zero2", "zero1", "fsdp", "fsdp1", "oss", "tensor", "pipeline", "ds_pipeline",
+        "layer_split", "fairscale_pipe"])
+def test_a_step_schedule_matches_single_process(strategy, world, launch, baseline, tmp_path):
+    recipe = make_recipe(strategy, world_size=world, optimizer=scheduled(), launch=launch)
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
+
+
+def test_the_comparison_catches_an_lr_that_does_not_reach_deepspeeds_optimizer(baseline, tmp_path, monkeypatch):
+    monkeypatch.setattr(_deepspeed.DeepSpeedEngine, "set_lr", lambda self, lr: None)
+    losses = step_losses(make_recipe({"name": "zero", "stage": 2}, world_size=2, optimizer=scheduled()), tmp_path)
+    with pytest.raises(AssertionError, match="differ from the baseline"):
+        assert_matches(losses, baseline[0])
 
 
 def test_a_run_resumed_mid_schedule_continues_the_same_lrs_and_losses(tmp_path, monkeypatch):
