@@ -17,6 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
 
 from suite.data import DATASETS
 from suite.errors import SuiteError
+from suite.lr_schedule import Schedule
 from suite.models import MODELS
 from suite.plan import ModelInfo, Plan, build as build_plan
 from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, raw_points,  # noqa: F401
@@ -39,6 +40,7 @@ class Optimizer(Strict):
     momentum: float = 0.0
     weight_decay: float = 0.0
     betas: Annotated[list[float], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    schedule: Schedule = Schedule()  # lr per step: constant, step or cosine, with warm-up (suite.lr_schedule)
 
 
 class Training(Strict):
@@ -87,6 +89,11 @@ class Tracking(Strict):
     peak_flops_per_s: Optional[PositiveFloat] = None  # per device, for MFU where suite.record.flops has no entry
 
 
+# Keys added after runs had been recorded: left out of the fingerprint at their defaults, so that a
+# recipe not using them keeps the fingerprint its earlier runs have (analysis groups repeats by it).
+_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"))
+
+
 class Recipe(Strict):
     """One run: what to train, how to split it, how to launch it."""
     name: str  # names the run folder: load() refuses what is not a file-name slug (check_name)
@@ -131,6 +138,11 @@ class Recipe(Strict):
     def fingerprint(self) -> str:
         """Hash of what determines the numbers (everything but launch and tracking)."""
         d = self.model_dump(mode="json", exclude={"launch", "tracking", "sweep", "name"})
+        for section, key in _LATER_KEYS:  # at their defaults they change nothing: leave them out
+            options = getattr(self, section)
+            field = type(options).model_fields.get(key)
+            if field is not None and getattr(options, key) == field.default:
+                d[section].pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -154,8 +166,10 @@ def validate(raw: dict) -> Recipe:
 
 def check(recipe: Recipe) -> None:
     """Checks that need more than one key: degrees against world size and batch divisibility
-    (the plan), then the strategy's own rules."""
+    (the plan), then the strategy's own rules, the lr schedule's and the data options'."""
     recipe.strategy.check(recipe.plan(), recipe.model_info())
+    recipe.optimizer.schedule.check(recipe.optimizer.lr)
+    recipe.data.check()
     launch = recipe.launch
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "

@@ -22,9 +22,11 @@ KEYS = ["name", "sweep", "model", "model.name", "model.hidden", "model.dim", "mo
         "training.precision", "training.grad_accumulation", "training.max_steps", "launch.tasks_per_node",
         "launch.nodes", "launch.executor", "launch.device", "launch.cpus_per_task", "launch.mem_gb",
         "launch.sbatch_extra", "tracking.wandb", "tracking.sample_interval_s", "sweep.training.seed",
-        "sweep.strategy.name", "training", "launch"]
+        "sweep.strategy.name", "training", "launch", "optimizer.schedule", "optimizer.schedule.name",
+        "optimizer.schedule.step_size_epochs", "optimizer.schedule.milestones_steps", "optimizer.schedule.min_lr",
+        "data.augment", "data.augment.crop_padding", "data.normalize", "data.normalize.mean"]
 NAMES = ["mlp", "cnn", "vgg11", "autoencoder", "transformer", "digits", "synthetic", "synthetic_tokens", "mnist",
-         "ddp", "single", "pipeline", "tensor", "zero", "fsdp", "layer_split", "1f1b", "gpipe", "adam", "bf16", "fp16"]
+         "ddp", "single", "pipeline", "tensor", "zero", "fsdp", "layer_split", "1f1b", "gpipe", "adam", "bf16", "fp16", "step", "cosine"]
 # Counts kept small: a model with a million layers is valid, only slow to build even on the meta device.
 INTS = st.integers(-3, 70) | st.sampled_from([0, -1, 2**31, 2**63, 2**64, 10**30])
 SCALARS = (st.none() | st.booleans() | INTS | st.floats(allow_nan=True, allow_infinity=True)

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from suite.data import DataSpec
 from suite.errors import SuiteError
@@ -45,6 +45,14 @@ class DataOptions(BaseModel):
         train, val, _ = self.loaded()
         return self.limited(train, val)
 
+    def check(self) -> None:
+        """Raise SuiteError for options that do not fit together or with the data (recipe time)."""
+
+    def train_loader(self, train, sampler, batch_size: int, seed: int) -> DataLoader:
+        """This rank's training batches (``sampler`` picks its share); image data sets augment them
+        here (``suite.data.images``). ``seed`` is ``training.seed``."""
+        return DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=True)
+
     def check_available(self) -> None:
         """Raise SuiteError if the data cannot be loaded (checked before launch)."""
 
@@ -61,14 +69,6 @@ def _head(ds: TensorDataset, n):
     if n is None or n >= len(ds):
         return ds
     return TensorDataset(*(t[:n] for t in ds.tensors))
-
-
-def normalise(images: torch.Tensor, mean, std) -> torch.Tensor:
-    """uint8 NCHW images -> float32, per-channel standardised."""
-    x = images.float().div_(255.0)
-    mean = torch.tensor(mean).view(1, -1, 1, 1)
-    std = torch.tensor(std).view(1, -1, 1, 1)
-    return (x - mean) / std
 
 
 def checked(result, source: str, name: str) -> tuple[TensorDataset, TensorDataset, DataSpec]:

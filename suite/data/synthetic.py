@@ -10,10 +10,10 @@ from pydantic import PositiveInt, confloat
 from torch.utils.data import TensorDataset
 
 from suite.data import DataSpec
-from suite.data.base import DataOptions
+from suite.data.images import ImageOptions
 
 
-class Synthetic(DataOptions):
+class Synthetic(ImageOptions):  # data.normalize / data.augment apply when shape is [channels, height, width]
     name: Literal["synthetic"] = "synthetic"
     shape: list[PositiveInt] = [1, 28, 28]
     classes: PositiveInt = 10

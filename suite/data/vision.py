@@ -1,5 +1,7 @@
 """MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 read from their standard on-disk formats
-through torchvision, from ``data.root`` (default ``data/``, or $SCALESUITE_DATA)."""
+through torchvision, from ``data.root`` (default ``data/``, or $SCALESUITE_DATA). Pixels are
+loaded as [0, 1] floats and standardised with the data set's published per-channel statistics
+unless ``data.normalize`` says otherwise (``suite.data.images``)."""
 import os
 from pathlib import Path
 from typing import Literal
@@ -8,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from suite.data import DataSpec, files
-from suite.data.base import DataOptions, normalise
+from suite.data.images import ImageOptions, Normalize
 from suite.errors import SuiteError
 
 # name: (torchvision class, folder torchvision expects under root, shape, classes, mean, std)
@@ -22,9 +24,14 @@ _SETS = {
 }
 
 
-class _Vision(DataOptions):
+class _Vision(ImageOptions):
     root: str = os.environ.get("SCALESUITE_DATA", "data")
     download: bool = False
+    normalize: Normalize = Normalize()  # on by default, with the published statistics
+
+    def usual_statistics(self):
+        _, _, _, _, mean, std = _SETS[self.name]
+        return list(mean), list(std)
 
     def spec(self) -> DataSpec:
         _, _, shape, classes, _, _ = _SETS[self.name]
@@ -49,7 +56,7 @@ class _Vision(DataOptions):
 
 
 def load(*, name: str, root: str, download: bool):
-    cls_name, folder, _, _, mean, std = _SETS[name]
+    cls_name = _SETS[name][0]
     cls, where = _without_md5(cls_name), str(Path(root).expanduser().resolve())
     try:
         train = cls(where, train=True, download=download)
@@ -58,7 +65,7 @@ def load(*, name: str, root: str, download: bool):
         if "not found" not in str(e).lower() and "corrupted" not in str(e).lower():
             raise
         raise _missing(name, root) from None
-    return _tensors(train, mean, std), _tensors(val, mean, std)
+    return _tensors(train), _tensors(val)
 
 
 def _missing(name: str, root: str) -> SuiteError:
@@ -67,14 +74,14 @@ def _missing(name: str, root: str) -> SuiteError:
                       f"(data.root={root!r}), or set data.download=true where the network allows")
 
 
-def _tensors(ds, mean, std) -> TensorDataset:
+def _tensors(ds) -> TensorDataset:
     images = torch.as_tensor(ds.data)
     if images.ndim == 3:  # MNIST: N, H, W
         images = images.unsqueeze(1)
     else:  # CIFAR: N, H, W, C
         images = images.permute(0, 3, 1, 2)
     targets = torch.as_tensor(ds.targets, dtype=torch.int64)
-    return TensorDataset(normalise(images, mean, std).contiguous(), targets)
+    return TensorDataset(images.float().div_(255.0), targets)  # standardised by ImageOptions.load
 
 
 def _without_md5(cls_name):

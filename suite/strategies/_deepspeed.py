@@ -22,6 +22,7 @@ OWNED = {
     ("train_micro_batch_size_per_gpu",): "training.batch_size (with training.grad_accumulation)",
     ("gradient_accumulation_steps",): "training.grad_accumulation (ds_pipeline: strategy.micro_batches)",
     ("optimizer",): "the recipe's optimizer section",
+    ("scheduler",): "optimizer.schedule",
     ("zero_optimization", "stage"): "strategy.stage (ds_pipeline: strategy.zero_stage)",
     ("zero_optimization", "offload_optimizer", "device"): "strategy.offload_optimizer",
     ("zero_optimization", "offload_param", "device"): "strategy.offload_parameters",
@@ -218,6 +219,11 @@ class DeepSpeedEngine(Engine):
 
     def cast(self, x):
         return x.to(self._input_dtype) if self._input_dtype and x.is_floating_point() else x
+
+    def optimizer_groups(self) -> list[dict]:
+        # DeepSpeed's wrappers (ZeRO 1-3, bf16) hand out the recipe's torch optimizer's own groups,
+        # the ones that optimizer steps with; DeepSpeed changes no lr itself (no "scheduler" key).
+        return self.ds.optimizer.param_groups
 
     def state_dict(self) -> dict:
         # ZeRO-3's module holds only placeholders: its weights come back from the fp32 partitions.

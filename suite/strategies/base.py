@@ -87,6 +87,9 @@ class ModuleEngine(Engine):
         self.zero_grad()
         return sums.result(len(inputs))
 
+    def optimizer_groups(self) -> list[dict]:
+        return self.optimizer.param_groups  # fairscale OSS: its own groups, synced into its shard's each step
+
     def zero_grad(self) -> None:
         """Clear gradients after the step (a wrapper that keeps its own grad buffers overrides this)."""
         self.optimizer.zero_grad(set_to_none=True)

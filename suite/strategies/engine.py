@@ -89,6 +89,16 @@ class Engine:
         """One optimizer step on this rank's part of the global batch."""
         raise NotImplementedError
 
+    def optimizer_groups(self) -> list[dict]:
+        """The param groups of the optimizer that steps, where the loop sets each step's lr (the
+        wrapper's own where one copies them into an inner optimizer, as fairscale OSS does)."""
+        raise NotImplementedError
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next optimizer step (``optimizer.schedule``), in every group."""
+        for group in self.optimizer_groups():
+            group["lr"] = lr
+
     def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> Optional[torch.Tensor]:
         """[loss_sum, correct, count] for this batch, or None where this rank sees no output."""
         raise NotImplementedError

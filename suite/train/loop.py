@@ -14,9 +14,12 @@ from suite.train import checkpoint, stop
 
 
 class StepLoop:
-    def __init__(self, ctx, engine, log, training, total_steps, run_dir, task):
+    def __init__(self, ctx, engine, log, training, total_steps, run_dir, task, lr_at=None):
         self.ctx, self.engine, self.log, self.tr = ctx, engine, log, training
         self.total_steps, self.run_dir, self.task = total_steps, run_dir, task
+        # step -> lr (suite.lr_schedule): a function of the step alone, so a resumed run goes on
+        # with the same lrs without any schedule state in the checkpoint; None leaves the lr alone.
+        self.lr_at = lr_at
         self.step = 0
         self.step_times_s: list[float] = []
         self.train_time_s = 0.0
@@ -78,6 +81,8 @@ class StepLoop:
                 continue
             inputs = inputs.to(self.ctx.device, non_blocking=True)
             targets = targets.to(self.ctx.device, non_blocking=True)
+            if self.lr_at:
+                self.engine.set_lr(self.lr_at(self.step))
             with metrics.Stopwatch(self.ctx) as watch:
                 result = self.engine.train_step(inputs, targets)
             self.step_times_s.append(watch.elapsed_s)
@@ -107,8 +112,11 @@ class StepLoop:
         for step, epoch, r, step_time_s in self._pending:
             loss = r.loss.item() if r.loss is not None and r.samples else None
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=None, loss=loss,
-                         samples=r.samples, step_time_s=step_time_s)
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step))
         self._pending = []
+
+    def _lr(self, step: int) -> float | None:
+        return self.lr_at(step) if self.lr_at else None
 
     def _flush(self) -> None:
         """One all-reduce for all pending steps: each step's global loss is the sample-weighted
@@ -141,7 +149,7 @@ class StepLoop:
             self.samples += self.tr.batch_size
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=global_loss,
                          loss=(mine[0] / mine[1]) if mine[1] else None,
-                         samples=r.samples, step_time_s=step_time_s)
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step))
         self._pending = []
         if self.ctx.is_main:
             rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])

@@ -119,7 +119,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     per_rank_batch = setup.plan.rank_batch
     sampler = DistributedSampler(train_set, num_replicas=engine.dp_size, rank=engine.dp_rank,
                                  shuffle=True, seed=tr.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=per_rank_batch, sampler=sampler, drop_last=True)
+    loader = recipe.data.train_loader(train_set, sampler, per_rank_batch, tr.seed)  # augmented where asked
     if len(loader) == 0:
         raise SuiteError(f"training.batch_size={tr.batch_size} is larger than the training set "
                          f"({len(train_set)} samples); lower it")
@@ -129,7 +129,8 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     if tr.max_steps:
         total_steps = min(total_steps, tr.max_steps)
 
-    loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task)
+    lr_at = recipe.optimizer.schedule.rate(recipe.optimizer.lr, len(loader), total_steps)
+    loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task, lr_at)
     loop.resume()
     stop.install_handlers(watcher_pid)
     printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
