@@ -38,10 +38,11 @@ import torch
 from suite.record import flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-SIZES = (256, 512, 1024, 2048, 4096)  # square matmul sides tried, smallest first
+SIZES = (256, 512, 1024, 2048, 4096)  # square matmul sides tried, each double the last
 TARGET_S = 0.2  # largest size whose one matmul is predicted to take at most this: near peak, total ~1 s at most
 REPEATS = 3  # best of at least this many: a late thread wake-up or a neighbour's burst only lowers one
 SIZE_BUDGET_S = 0.1  # small sizes repeat until this is spent: more chances of an unhindered product
+BUDGET_S = 1.0  # no new size or repeat starts after this: busy cores make every product slower than predicted
 FULL_SHARE = 0.9  # the measurement had its cores when its CPU time >= this x threads x wall time
 CACHE_FILE = "peak_flops.json"
 
@@ -51,8 +52,9 @@ def _cpu_time_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _best_rate(n: int, dtype: torch.dtype, generator: torch.Generator) -> float:
-    """Best FLOP/s of n x n matmuls (2 n^3 FLOPs each), ``REPEATS`` or more (``SIZE_BUDGET_S``)."""
+def _best_rate(n: int, dtype: torch.dtype, generator: torch.Generator, deadline: float) -> tuple[float, float]:
+    """(best FLOP/s, mean seconds) of n x n matmuls (2 n^3 FLOPs each), ``REPEATS`` or more
+    (``SIZE_BUDGET_S``), fewer (at least one) past ``deadline`` (a ``time.perf_counter()`` value)."""
     a = torch.randn(n, n, generator=generator).to(dtype)
     b = torch.randn(n, n, generator=generator).to(dtype)
     out = torch.empty(n, n, dtype=dtype)
@@ -62,26 +64,31 @@ def _best_rate(n: int, dtype: torch.dtype, generator: torch.Generator) -> float:
         torch.mm(a, b, out=out)
         took_s = time.perf_counter() - t0
         best_s, spent_s = min(best_s, took_s), spent_s + took_s
-        if repeat >= REPEATS and spent_s >= SIZE_BUDGET_S:
+        if (repeat >= REPEATS and spent_s >= SIZE_BUDGET_S) or time.perf_counter() > deadline:
             break
-    return 2 * n ** 3 / max(best_s, 1e-9)
+    return 2 * n ** 3 / max(best_s, 1e-9), spent_s / repeat
 
 
 def measure(precision: str) -> tuple[float, int, float]:
     """(peak FLOP/s, matrix side, cpu share) of this process's threads in ``precision``: growing
-    square matmuls, up to the largest predicted to take ``TARGET_S``; the best rate seen. The cpu
-    share is the CPU time the process got over threads x wall time: below ``FULL_SHARE``, other
-    work held the cores and the peak is low. Uses its own random generator: the training RNG is
-    left as it was."""
+    square matmuls, up to the largest predicted to take ``TARGET_S`` and within ``BUDGET_S``; the
+    best rate seen. The cpu share is the CPU time the process got over threads x wall time: below
+    ``FULL_SHARE``, other work held the cores and the peak is low. Uses its own random generator:
+    the training RNG is left as it was."""
     dtype, threads = DTYPES[precision], torch.get_num_threads()
     generator = torch.Generator().manual_seed(0)
     cpu0_s, wall0_s = _cpu_time_s(), time.perf_counter()
+    deadline = wall0_s + BUDGET_S
     with torch.no_grad():
-        best, side = _best_rate(SIZES[0], dtype, generator), SIZES[0]
+        best, mean_s = _best_rate(SIZES[0], dtype, generator, deadline)
+        side = SIZES[0]
         for n in SIZES[1:]:
-            if 2 * n ** 3 / best > TARGET_S:
+            # SIZES double the side: 8x the work. From the mean time, not the best: on busy cores
+            # the products take longer than the best one.
+            predicted_s = 8 * mean_s
+            if predicted_s > TARGET_S or time.perf_counter() + predicted_s > deadline:
                 break
-            rate = _best_rate(n, dtype, generator)
+            rate, mean_s = _best_rate(n, dtype, generator, deadline)
             if rate > best:
                 best, side = rate, n
     share = (_cpu_time_s() - cpu0_s) / max((time.perf_counter() - wall0_s) * threads, 1e-9)
