@@ -41,6 +41,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SIZES = (256, 512, 1024, 2048, 4096)  # square matmul sides tried, each double the last
 TARGET_S = 0.2  # largest size whose one matmul is predicted to take at most this: near peak, total ~1 s at most
 REPEATS = 3  # best of at least this many: a late thread wake-up or a neighbour's burst only lowers one
+# Operand layouts, as a model's matmuls meet them (nn.Linear: forward a @ b.T, weight gradient
+# a.T @ b, input gradient a @ b). Their rates differ: bf16 on a CPU without bf16 instructions by
+# up to 30x, so the peak is that of the fastest layout, found on the smallest size.
+LAYOUTS = {"a@b": lambda a, b: (a, b), "a@b.T": lambda a, b: (a, b.t()), "a.T@b": lambda a, b: (a.t(), b)}
 SIZE_BUDGET_S = 0.1  # small sizes repeat until this is spent: more chances of an unhindered product
 BUDGET_S = 1.0  # no new size or repeat starts after this: busy cores make every product slower than predicted
 FULL_SHARE = 0.9  # the measurement had its cores when its CPU time >= this x threads x wall time
@@ -52,11 +56,12 @@ def _cpu_time_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _best_rate(n: int, dtype: torch.dtype, generator: torch.Generator, deadline: float) -> tuple[float, float]:
+def _best_rate(n: int, dtype: torch.dtype, generator: torch.Generator, deadline: float,
+               layout: str) -> tuple[float, float]:
     """(best FLOP/s, mean seconds) of n x n matmuls (2 n^3 FLOPs each), ``REPEATS`` or more
     (``SIZE_BUDGET_S``), fewer (at least one) past ``deadline`` (a ``time.perf_counter()`` value)."""
-    a = torch.randn(n, n, generator=generator).to(dtype)
-    b = torch.randn(n, n, generator=generator).to(dtype)
+    a, b = LAYOUTS[layout](torch.randn(n, n, generator=generator).to(dtype),
+                           torch.randn(n, n, generator=generator).to(dtype))
     out = torch.empty(n, n, dtype=dtype)
     best_s, spent_s = float("inf"), 0.0
     for repeat in range(1, 50):
@@ -71,7 +76,7 @@ def _best_rate(n: int, dtype: torch.dtype, generator: torch.Generator, deadline:
 
 def measure(precision: str) -> tuple[float, int, float]:
     """(peak FLOP/s, matrix side, cpu share) of this process's threads in ``precision``: growing
-    square matmuls, up to the largest predicted to take ``TARGET_S`` and within ``BUDGET_S``; the
+    square matmuls in the fastest of ``LAYOUTS``, up to the largest predicted to take ``TARGET_S`` and within ``BUDGET_S``; the
     best rate seen. The cpu share is the CPU time the process got over threads x wall time: below
     ``FULL_SHARE``, other work held the cores and the peak is low. Uses its own random generator:
     the training RNG is left as it was."""
@@ -80,7 +85,8 @@ def measure(precision: str) -> tuple[float, int, float]:
     cpu0_s, wall0_s = _cpu_time_s(), time.perf_counter()
     deadline = wall0_s + BUDGET_S
     with torch.no_grad():
-        best, mean_s = _best_rate(SIZES[0], dtype, generator, deadline)
+        best, mean_s, layout = max(_best_rate(SIZES[0], dtype, generator, deadline, name) + (name,)
+                                   for name in LAYOUTS)
         side = SIZES[0]
         for n in SIZES[1:]:
             # SIZES double the side: 8x the work. From the mean time, not the best: on busy cores
@@ -88,7 +94,7 @@ def measure(precision: str) -> tuple[float, int, float]:
             predicted_s = 8 * mean_s
             if predicted_s > TARGET_S or time.perf_counter() + predicted_s > deadline:
                 break
-            rate, mean_s = _best_rate(n, dtype, generator, deadline)
+            rate, mean_s = _best_rate(n, dtype, generator, deadline, layout)
             if rate > best:
                 best, side = rate, n
     share = (_cpu_time_s() - cpu0_s) / max((time.perf_counter() - wall0_s) * threads, 1e-9)
