@@ -86,6 +86,13 @@ def test_a_measurement_on_busy_cores_is_redone_by_the_next_call_keeping_the_bett
     assert len(results) == 1, "a settled entry was measured again"
 
 
+def test_an_always_busy_machine_stops_measuring_after_a_few_tries(cache, monkeypatch):
+    results = [(50e9, 512, 0.5), (60e9, 512, 0.5), (55e9, 512, 0.5), (1.0, 256, 0.5)]
+    monkeypatch.setattr(peak, "measure", lambda precision: results.pop(0))
+    assert [peak.cpu_peak("fp32")["peak_flops_per_s"] for _ in range(5)] == [50e9, 60e9, 60e9, 60e9, 60e9]
+    assert len(results) == 1 and peak.MAX_MEASUREMENTS == 3
+
+
 def test_the_benchmark_is_plausible_short_and_leaves_the_training_rng_alone():
     rng = torch.random.get_rng_state()
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ Measurements are cached per machine in ``$XDG_CACHE_HOME/scalesuite/peak_flops.j
 ``~/.cache/scalesuite``), keyed by CPU model, thread count, torch version and precision, so only
 the first run on a machine pays for one (at most ~1 s). A measurement during which other work held
 the cores (the process got less CPU time than its threads x wall time) is low: it is used, and the
-next run measures again, keeping the better, until one had its cores. A corrupt or unwritable
+next run measures again, keeping the better, until one had its cores (or 3 tries). A corrupt or unwritable
 cache is measured over quietly: it costs time, never a run. ``python -m suite.record.peak [--remeasure]`` prints (and
 refreshes) this machine's figures.
 
@@ -48,6 +48,7 @@ LAYOUTS = {"a@b": lambda a, b: (a, b), "a@b.T": lambda a, b: (a, b.t()), "a.T@b"
 SIZE_BUDGET_S = 0.1  # small sizes repeat until this is spent: more chances of an unhindered product
 BUDGET_S = 1.0  # no new size or repeat starts after this: busy cores make every product slower than predicted
 FULL_SHARE = 0.9  # the measurement had its cores when its CPU time >= this x threads x wall time
+MAX_MEASUREMENTS = 3  # a machine that is always busy stops paying for new tries after this many
 CACHE_FILE = "peak_flops.json"
 
 
@@ -136,8 +137,9 @@ def _usable(entry) -> bool:
 
 
 def _settled(entry) -> bool:
-    """A usable entry measured with the cores to itself: reused as it is."""
-    return _usable(entry) and entry.get("cpu_share", 1.0) >= FULL_SHARE
+    """A usable entry measured with the cores to itself, or tried often enough: reused as it is."""
+    return _usable(entry) and (entry.get("cpu_share", 1.0) >= FULL_SHARE
+                               or entry.get("measurements", 1) >= MAX_MEASUREMENTS)
 
 
 @contextlib.contextmanager
@@ -173,7 +175,8 @@ def cpu_peak(precision: str, remeasure: bool = False) -> dict:
 
     An entry measured while other work held the cores (cpu_share < FULL_SHARE) is measured again
     by the next call, which keeps the better of the two: a busy moment does not fix a low peak
-    for good, and once one measurement had its cores, later calls only read."""
+    for good. Once one measurement had its cores, or after ``MAX_MEASUREMENTS`` tries, later calls
+    only read."""
     threads, path = torch.get_num_threads(), cache_path()
     key = cache_key(precision, threads)
     entry = _read_cache(path).get(key)
@@ -187,9 +190,11 @@ def cpu_peak(precision: str, remeasure: bool = False) -> dict:
         rate, side, share = measure(precision)
         entry = {"peak_flops_per_s": rate, "cpu": cpu_model(), "threads": threads, "precision": precision,
                  "torch": torch.__version__, "matrix_side": side, "cpu_share": share, "measured_at": time.time(),
-                 "load_average_1m": os.getloadavg()[0]}
+                 "load_average_1m": os.getloadavg()[0], "measurements": 1}
         if old and old["peak_flops_per_s"] > rate and share < FULL_SHARE:
-            entry = old  # both measured on busy cores: the higher is nearer the peak
+            entry = dict(old)  # both measured on busy cores: the higher is nearer the peak
+        if old:
+            entry["measurements"] = old.get("measurements", 1) + 1
         if locked:
             _write_cache(path, {**entries, key: entry})
     return {**entry, "cached": False}
