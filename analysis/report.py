@@ -16,6 +16,7 @@ import yaml
 
 from analysis import plots, render, tables, wandb_runs
 from analysis.runs import load_all
+from suite.record import run_record
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 
@@ -23,7 +24,7 @@ THROUGHPUT = {"strategy_shown": "strategy", "world_size": "world size", "global_
               "runs": "runs", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "speedup": "speed-up",
               "scaling_efficiency": "scaling efficiency", "utilisation": "mean utilisation",
               "peak_memory": "peak memory per rank", "held": "held bytes per rank",
-              "achieved_flops_per_s": "achieved FLOP/s", "mfu": "MFU"}
+              "achieved_flops_per_s": "achieved FLOP/s", "mfu_shown": "MFU"}
 TARGET = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size", "run_id": "run",
           "metric": "metric", "target": "target", "reached": "reached", "epochs": "epochs", "time_s": "time (s)"}
 VERDICT = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size",
@@ -46,6 +47,16 @@ def parse_args(argv):
     p.add_argument("--prices", default=str(DEFAULT_PRICES), help="price table (default: analysis/prices.yaml)")
     p.add_argument("--no-wandb", action="store_true", help="do not read the offline W&B runs (~1 s per rank)")
     return p.parse_args(argv)
+
+
+def mfu_column(rows) -> str:
+    """MFU's header names the peak's source when the table's rows share one; else each cell does."""
+    header = tables.mfu_label(rows)
+    for row in rows:
+        label = run_record.PEAK_LABELS.get(row["peak_source"])
+        mixed = header == "MFU" and label and row["mfu"] is not None
+        row["mfu_shown"] = f"{render.number(row['mfu'])} ({label})" if mixed else row["mfu"]
+    return header
 
 
 def wandb_rows(runs) -> list[dict]:
@@ -102,8 +113,9 @@ def main(argv=None) -> int:
     md, sections = [f"# scalesuite report\n\n{len(runs)} run(s) compared, {len(skipped)} skipped.\n"], []
     for model, rows in tables.by_model(throughput).items():
         png = plots.throughput_bars(model, rows, out / "plots" / f"throughput-{model}.png")
-        md.append(f"## Throughput and memory: {model}\n\n" + render.markdown(rows, THROUGHPUT))
-        sections.append((f"Throughput and memory: {model}", render.html_table(rows, THROUGHPUT)
+        columns = {**THROUGHPUT, "mfu_shown": mfu_column(rows)}
+        md.append(f"## Throughput and memory: {model}\n\n" + render.markdown(rows, columns))
+        sections.append((f"Throughput and memory: {model}", render.html_table(rows, columns)
                          + f"<img src='plots/{png.name}'>"))
     by_experiment: dict = {}
     for r in runs:

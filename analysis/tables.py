@@ -7,6 +7,8 @@
 - time to target: the first epoch whose val metric (train metric when there is no evaluation)
   reaches the target; time = rank 0's training time summed up to and including that epoch.
 - verdicts: each configuration against its baseline, per metric (NOISE_RULE).
+- MFU: the runs' mean; its header names the peak's source ("MFU (measured peak)": run_record's
+  PEAK_LABELS) when the table's rows share one, else each cell does.
 - cost: device-hours = devices x run wall time (start to finish), priced from prices.yaml.
 """
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+from suite.record import run_record
 
 BASELINE = "single"
 
@@ -99,6 +103,19 @@ def utilisation(run):
     return None, None
 
 
+def peak_source(runs) -> str | None:
+    """Where the peak MFU divides by came from (suite.record.peak), if the runs agree and say."""
+    sources = {r.summary.get("peak_flops_source") for r in runs if r.summary.get("mfu") is not None}
+    return sources.pop() if len(sources) == 1 else None
+
+
+def mfu_label(rows) -> str:
+    """The MFU column's header: 'MFU (measured peak)' when the rows' peaks share a known source."""
+    sources = {row.get("peak_source") for row in rows if row.get("mfu") is not None}
+    label = run_record.PEAK_LABELS.get(sources.pop()) if len(sources) == 1 else None
+    return f"MFU ({label})" if label else "MFU"
+
+
 def throughput_rows(all_configs) -> list[dict]:
     rows = []
     for c in all_configs:
@@ -121,6 +138,8 @@ def throughput_rows(all_configs) -> list[dict]:
             "held_bytes_per_rank": [mean(held_total(per_rank(r, "held_bytes")[i]) for r in c.runs) for i in range(n_ranks)],
             "achieved_flops_per_s": mean(r.summary.get("achieved_flops_per_s") for r in c.runs),
             "mfu": mean(r.summary.get("mfu") for r in c.runs),
+            "peak_flops_per_s": mean(r.summary.get("peak_flops_per_s") for r in c.runs),
+            "peak_source": peak_source(c.runs),
             "oversubscribed": any(r.summary.get("oversubscribed") for r in c.runs),
         })
     return rows

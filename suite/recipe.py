@@ -86,7 +86,8 @@ class Tracking(Strict):
     project: str = "scalesuite"
     entity: Optional[str] = None
     sample_interval_s: PositiveFloat = 1.0  # utilisation sampler and W&B system metrics
-    peak_flops_per_s: Optional[PositiveFloat] = None  # per device, for MFU where suite.record.flops has no entry
+    peak_flops_per_s: Optional[PositiveFloat] = None  # per device, for MFU; wins over the table and measuring
+    measure_peak: bool = True  # CPU: MFU against this node's measured peak (suite.record.peak, cached per machine)
 
 
 # Keys added after runs had been recorded: left out of the fingerprint at their defaults, so that a

@@ -130,6 +130,28 @@ def test_broken_runs_are_skipped_with_their_reason_not_a_crash(report):
     assert "Skipped runs" in (out / "report.html").read_text()
 
 
+def test_mfu_is_labelled_with_where_its_peak_came_from(runs, report):
+    _, _, ddp = runs
+    out, _ = report
+    rows = {r["strategy"]: r for r in _csv(out / "throughput.csv")}
+    s = read_json(ddp / "summary.json")
+    assert s["peak_flops_source"] == "measured"  # CPU runs: MFU against the node's measured peak
+    assert float(rows["ddp"]["mfu"]) == s["mfu"] and rows["ddp"]["peak_source"] == "measured"
+    assert "| MFU (measured peak) |" in (out / "tables.md").read_text()
+    assert "<th>MFU (measured peak)</th>" in (out / "report.html").read_text()
+
+
+def test_mfu_cells_say_their_peak_when_a_table_mixes_sources():
+    from analysis import report
+
+    rows = [{"mfu": 0.5, "peak_source": "measured"}, {"mfu": 0.25, "peak_source": "recipe"},
+            {"mfu": None, "peak_source": None}]
+    assert report.mfu_column(rows) == "MFU"
+    assert [r["mfu_shown"] for r in rows] == ["0.5 (measured peak)", "0.25 (recipe peak)", None]
+    alike = [{"mfu": 0.5, "peak_source": "vendor table"}, {"mfu": None, "peak_source": None}]
+    assert report.mfu_column(alike) == "MFU (vendor peak)" and alike[0]["mfu_shown"] == 0.5
+
+
 def test_verdict_rule():
     assert tables.verdict("accuracy", [0.90], [0.80])[0] == "better"
     assert tables.verdict("accuracy", [0.802], [0.80])[0] == "unchanged"  # within the 0.005 floor

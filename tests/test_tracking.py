@@ -1,5 +1,5 @@
 """Tracking: W&B per rank written from the run record after training (never during it), the
-utilisation sampler, throughput, FLOPs and MFU."""
+utilisation sampler, throughput, FLOPs and MFU (against the measured CPU peak: tests/test_peak.py)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from analysis import wandb_runs
-from suite.record import flops, metrics, run_record, wandb_export
+from suite.record import flops, metrics, peak, run_record, wandb_export
 from suite.train import rank as train_rank
 from suite.record.utilisation import CpuProbe, UtilisationSampler
 from suite.record.run_record import read_json, read_metrics
@@ -22,8 +22,26 @@ def _records(run_dir, kind, rank):
     return [{k: v for k, v in r.items() if k not in ("kind", "rank")} for r in read_metrics(run_dir, kind, rank)]
 
 
+def _count_measurements(monkeypatch, calls_file: Path) -> None:
+    """Every CPU peak benchmark (in any forked rank) appends its process id to ``calls_file``."""
+    real = peak.measure
+
+    def counted(precision):
+        with open(calls_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(precision)
+
+    monkeypatch.setattr(peak, "measure", counted)
+
+
+def _measurements(calls_file: Path) -> int:
+    return len(calls_file.read_text().split()) if calls_file.exists() else 0
+
+
 def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metrics(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a cold peak cache: this run measures
+    _count_measurements(monkeypatch, tmp_path / "measured.txt")
     monkeypatch.chdir(tmp_path)  # W&B must write into the run folder, not ./wandb
     recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "offline", "sample_interval_s": 0.2})
     run_dir = train_rank.new_run_dir(recipe, tmp_path / "runs")
@@ -56,15 +74,38 @@ def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metr
     assert summary["samples_per_s"] == pytest.approx(summary["samples"] / summary["train_time_s"])
     assert summary["flops_per_step"] == MLP_B32_FLOPS
     assert summary["achieved_flops_per_s"] == pytest.approx(MLP_B32_FLOPS * 8 / summary["train_time_s"])
-    assert "mfu" not in summary, "on CPU MFU is left out unless tracking.peak_flops_per_s is set"
+    # MFU against the node's measured peak at a rank's thread count (1 here), measured by one rank
+    # only, while the other waited; a device is a rank on CPU.
+    assert _measurements(tmp_path / "measured.txt") == 1
+    assert summary["peak_flops_source"] == "measured" and summary["devices"] == 2
+    assert summary["peak_measurement"]["threads"] == 1 and summary["peak_measurement"]["precision"] == "fp32"
+    assert 0 < summary["mfu"] <= 1
+    assert summary["mfu"] == pytest.approx(summary["achieved_flops_per_s"] / (2 * summary["peak_flops_per_s"]))
+    assert "(measured peak per device)" in run_record.summary_text(summary, run_dir)
+    assert read_json(tmp_path / "cache" / "scalesuite" / "peak_flops.json")[peak.cache_key("fp32", 1)][
+        "peak_flops_per_s"] == summary["peak_flops_per_s"]
 
 
-def test_a_configured_peak_gives_mfu(tmp_path):
+def test_a_configured_peak_gives_mfu_and_wins_over_measuring(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _count_measurements(monkeypatch, tmp_path / "measured.txt")
     recipe = make_recipe({"name": "single"}, tracking={"wandb": "disabled", "peak_flops_per_s": 1e9})
-    step_losses(recipe, tmp_path)
-    s = read_json(tmp_path / "summary.json")
-    assert s["peak_flops_per_s"] == 1e9
+    step_losses(recipe, tmp_path / "run")
+    s = read_json(tmp_path / "run" / "summary.json")
+    assert s["peak_flops_per_s"] == 1e9 and s["peak_flops_source"] == "recipe" and "peak_measurement" not in s
     assert s["mfu"] == pytest.approx(s["achieved_flops_per_s"] / 1e9)
+    assert _measurements(tmp_path / "measured.txt") == 0
+
+
+def test_measuring_the_peak_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _count_measurements(monkeypatch, tmp_path / "measured.txt")
+    recipe = make_recipe({"name": "single"}, tracking={"wandb": "disabled", "measure_peak": False})
+    step_losses(recipe, tmp_path / "run")
+    s = read_json(tmp_path / "run" / "summary.json")
+    assert s["achieved_flops_per_s"] > 0
+    assert not {"mfu", "peak_flops_per_s", "peak_flops_source"} & set(s)
+    assert _measurements(tmp_path / "measured.txt") == 0
 
 
 def test_flops_of_one_step_equal_the_hand_count_and_the_peak_table_knows_gpu_names():

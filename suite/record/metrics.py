@@ -20,8 +20,13 @@ Per run (suite.record.flops):
 - flops_per_step: FLOPs (a multiply-add = 2) of forward + backward of the unwrapped model over
   one global batch, counted once by torch's FlopCounterMode; the optimizer update is not counted.
 - achieved_flops_per_s: flops_per_step x steps / training wall time (all devices together).
-- mfu: achieved_flops_per_s / (peak_flops_per_s x devices); peak per device from the table in
-  suite.record.flops (GPU name, precision) or tracking.peak_flops_per_s; absent when neither knows it.
+- devices: GPUs (ranks x launch.devices_per_task); on CPU one per rank (a rank and its
+  torch.get_num_threads() threads: the devices of a layer-wise split in one process share them).
+- peak_flops_per_s: per device, in the precision the matmuls run in (training.precision, or FSDP's
+  mixed_precision), from peak_flops_source (suite.record.peak): "recipe" (tracking.peak_flops_per_s,
+  which wins), "vendor table" (GPUs: the datasheet table in suite.record.flops) or "measured" (CPUs:
+  the best rate of square matmuls at the rank's thread count, cached per machine).
+- mfu: achieved_flops_per_s / (peak_flops_per_s x devices), a fraction; absent when no peak is known.
 """
 from __future__ import annotations
 

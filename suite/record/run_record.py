@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 SCHEMA_VERSION = 1
 STATUSES = ("running", "completed", "failed", "cancelled", "preempted")
+# Where the peak MFU divides by came from (suite.record.peak) -> how reports and the console say it.
+PEAK_LABELS = {"measured": "measured peak", "vendor table": "vendor peak", "recipe": "recipe peak"}
 
 
 # ---- summary.json ------------------------------------------------------------------------
@@ -84,7 +86,11 @@ class Summary(BaseModel):
     flops_per_step: Optional[int] = None
     devices: Optional[int] = None
     achieved_flops_per_s: Optional[float] = None
-    peak_flops_per_s: Optional[float] = None
+    peak_flops_per_s: Optional[float] = None  # per device, what mfu divides by (suite.record.peak)
+    # Where the peak came from; optional fields like these are added without a schema_version bump:
+    # older summaries lack them, older readers keep them as extras.
+    peak_flops_source: Optional[Literal[tuple(PEAK_LABELS)]] = None
+    peak_measurement: Optional[dict] = None  # the measured peak's cache entry (CPU, threads, torch, matrix)
     mfu: Optional[float] = None
     oversubscribed: Optional[bool] = None  # more threads than cores on a node: times are not comparable
     torch: Optional[str] = None
@@ -348,6 +354,9 @@ def summary_text(s: dict, run_dir: Path) -> str:
              f"epoch {sum(epochs) / len(epochs):.2f} s (mean)"]
     if final:
         lines.append("  final " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    if s.get("mfu") is not None:
+        lines.append(f"  MFU {100 * s['mfu']:.2f} % of {s['devices']} x {s['peak_flops_per_s'] / 1e9:.4g} GFLOP/s "
+                     f"({PEAK_LABELS.get(s.get('peak_flops_source'), 'peak')} per device)")
     mem = " + ".join(f"{r['peak_memory_bytes'] / 2**30:.2f}" for r in s["ranks"])
     lines.append(f"  peak memory per rank: {mem} GiB")
     if s.get("wandb_notice"):

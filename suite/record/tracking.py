@@ -3,8 +3,9 @@
 ``RankLog.open`` starts this rank's ``MetricsLog`` (the run record) and the utilisation thread (``suite.record.utilisation``). At the end:
 - ``rank_fields``: this rank's entries of ``summary.json``'s ``ranks`` list: utilisation means
   and peaks, the rank's throughput, the device's name and the W&B mode asked for;
-- ``run_fields``: run-wide entries: FLOPs per step, achieved FLOP/s and, when the peak is known,
-  MFU; each rank's summary is also logged as a ``summary`` record (the W&B run summary).
+- ``run_fields``: run-wide entries: FLOPs per step, achieved FLOP/s, the peak per device and its
+  source (``suite.record.peak``) and, when both are known, MFU; each rank's summary is also
+  logged as a ``summary`` record (the W&B run summary).
 
 The metrics themselves are defined in ``suite.record.metrics``.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from suite.record import flops, metrics, run_record, wandb_export
+from suite.record import flops, metrics, peak, run_record, wandb_export
 from suite.record.utilisation import UtilisationSampler, probe_for
 
 
@@ -69,16 +70,17 @@ class RankLog:
 
     def run_fields(self, recipe, ctx, loop, ranks: list[dict]) -> dict:
         """Run-wide FLOPs and MFU (every rank calls this: it also logs each rank's summary record)."""
-        devices = recipe.world_size * recipe.launch.devices_per_task
+        devices = peak.devices(recipe, ctx)
+        # After the timed loop, the ranks just gathered and their samplers stopped: on CPU, a collective
+        # in which one rank per node measures the peak (or reads the cache) while the others wait.
+        peak_per_device, source, measurement = peak.resolve(recipe, ctx)
         flops_per_step = flops.train_step_flops(recipe) if ctx.is_main else None
         out = {"flops_per_step": flops_per_step, "devices": devices, "oversubscribed": oversubscribed(ctx),
                "achieved_flops_per_s": metrics.rate((flops_per_step or 0) * loop.step, loop.train_time_s)
-               if flops_per_step else None}
-        peak = recipe.tracking.peak_flops_per_s or flops.peak_flops_per_s(
-            flops.device_name(ctx.device), recipe.training.precision)
-        if peak and out["achieved_flops_per_s"]:
-            out["peak_flops_per_s"] = peak
-            out["mfu"] = metrics.mfu(out["achieved_flops_per_s"], peak, devices)
+               if flops_per_step else None,
+               "peak_flops_per_s": peak_per_device, "peak_flops_source": source, "peak_measurement": measurement}
+        if peak_per_device and out["achieved_flops_per_s"]:
+            out["mfu"] = metrics.mfu(out["achieved_flops_per_s"], peak_per_device, devices)
         summary = {**ranks[ctx.rank], **({k: v for k, v in out.items() if v is not None} if ctx.is_main else {})}
         self.log("summary", **summary)
         return out
