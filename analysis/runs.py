@@ -5,7 +5,7 @@ A folder may hold runs copied from several machines, at any depth. A run that ca
 compared is *skipped* with a reason, never a crash: no, corrupt or foreign ``summary.json``, a
 status other than completed, a missing or truncated ``metrics.jsonl``, an unreadable recipe, or
 a ``recipe_fingerprint`` that differs from the other runs of its group. Groups are experiments
-(``Run.experiment``: same model, data, optimizer and training sections) x strategy x world size:
+(``Run.experiment``: same model, data, optimizer and training sections) x arm x strategy x world size:
 repeats of one configuration must have trained the same thing.
 """
 from __future__ import annotations
@@ -53,9 +53,15 @@ class Run:
         return int(self.summary["world_size"])
 
     @property
+    def arm(self) -> str | None:
+        """The study arm the run belongs to (recipe key ``arm``, set by ``python -m suite.study``)."""
+        return self.recipe.get("arm")
+
+    @property
     def label(self) -> str:
-        """How plots and tables name the configuration: strategy and world size."""
-        return f"{self.strategy} x{self.world_size}"
+        """How plots and tables name the configuration: its arm (if any), strategy and world size."""
+        shape = f"{self.strategy} x{self.world_size}"
+        return f"{self.arm}: {shape}" if self.arm else shape
 
     @property
     def experiment(self) -> str:
@@ -138,13 +144,13 @@ def load_all(paths) -> tuple[list[Run], list[Skipped]]:
     for d in find_run_dirs(paths):
         item = load(d)
         (runs if isinstance(item, Run) else skipped).append(item)
-    # Repeats of one configuration (same experiment, strategy, world size) must share the recipe
-    # fingerprint, which also covers strategy options; a minority fingerprint is set aside.
+    # Repeats of one configuration (same experiment, arm, strategy, world size) must share the
+    # recipe fingerprint, which also covers strategy options; a minority fingerprint is set aside.
     groups = defaultdict(list)
     for r in runs:
-        groups[(r.experiment, r.strategy, r.world_size)].append(r)
+        groups[(r.experiment, r.arm, r.strategy, r.world_size)].append(r)
     kept = []
-    for (name, strategy, world), members in groups.items():
+    for (name, _, strategy, world), members in groups.items():
         members.sort(key=lambda r: r.run_id)
         counts = Counter(r.summary.get("recipe_fingerprint") for r in members)
         # The most common fingerprint wins; on a tie, the earliest run's.
@@ -155,4 +161,4 @@ def load_all(paths) -> tuple[list[Run], list[Skipped]]:
             else:
                 skipped.append(Skipped(r.path, f"different recipe: recipe_fingerprint {r.summary.get('recipe_fingerprint')} "
                                                f"but {counts[best]} other run(s) of {name} ({strategy} x{world}) have {best}"))
-    return sorted(kept, key=lambda r: (r.experiment, r.world_size, r.strategy, r.run_id)), skipped
+    return sorted(kept, key=lambda r: (r.experiment, r.world_size, r.strategy, r.arm or "", r.run_id)), skipped
