@@ -22,3 +22,11 @@ def test_the_run_record_and_analysis_import_no_torch():
     loaded = _modules_after_import("suite.record.run_record", "analysis.report")
     assert "torch" not in loaded
     assert not [m for m in loaded if m.startswith("suite.train")]
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    from pathlib import Path
+
+    readme = Path("README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith('pip install -e ".[test]"'))
+    assert command in Path(".ci/run").read_text().splitlines()

@@ -13,6 +13,7 @@ import pytest
 from analysis import render, tables
 from suite.train import rank as train_rank
 from suite.record.run_record import read_json, read_metrics
+from tests.browser import assert_renders, render
 from tests.parity import make_recipe, step_losses
 
 SMALL = {"data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 128, "n_val": 64},
@@ -78,6 +79,24 @@ def test_report_writes_html_with_plots_and_tables(report):
     for name in ("throughput", "time_to_target", "verdicts", "cost", "runs", "skipped"):
         assert (out / f"{name}.csv").exists()
     assert "Throughput and memory: mlp" in (out / "tables.md").read_text()
+
+
+def test_report_renders_in_a_browser_every_image_loaded_every_table_with_rows(report):
+    out, _ = report
+    seen = assert_renders(out / "report.html")
+    assert len(seen["images"]) >= 3 and all(i["width"] > 0 for i in seen["images"])
+    assert len(seen["tables"]) >= 4
+
+
+def test_the_browser_check_sees_a_broken_image_and_an_empty_table(tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text("<html><body><h2>t</h2><img src='plots/missing.png'><table><thead><tr><th>a</th></tr></thead>"
+                    "<tbody></tbody></table></body></html>")
+    seen = render(page)
+    assert seen["images"] == [{"src": "plots/missing.png", "width": 0, "loaded": False}]
+    assert seen["tables"] == [{"caption": "t", "rows": 0}]
+    with pytest.raises(AssertionError, match="did not load in chromium"):
+        assert_renders(page)
 
 
 def test_throughput_table_numbers_are_the_run_records(runs, report):
