@@ -34,7 +34,7 @@ VERDICT = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "wo
 COST = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
         "devices": "devices", "wall_time_s": "wall time (s)", "device_hours": "device-hours",
         "price_per_device_hour": "price / device-hour", "cost": "cost", "currency": "currency"}
-WANDB = {"run_id": "run", "name": "W&B run", "group": "group", "history_rows": "history rows",
+WANDB = {"run_id": "run", "experiment": "experiment", "arm": "arm", "name": "W&B run", "group": "group", "history_rows": "history rows",
          "matches_record": "steps match record", "system_samples": "system samples",
          "cpu_percent_mean": "cpu % mean", "rss_mb_peak": "RSS peak (MB)"}
 SKIPPED = {"path": "run folder", "reason": "why skipped"}
@@ -61,7 +61,7 @@ def wandb_rows(runs) -> list[dict]:
     rows = []
     for run in runs:
         for d in wandb_runs.run_dirs(run.path):
-            row = {"run_id": run.run_id}
+            row = {"run_id": run.run_id, "experiment": run.experiment, "arm": run.arm}
             try:
                 info = wandb_runs.read(d)
             except Exception as e:  # noqa: BLE001 - an unreadable W&B run is reported, not fatal

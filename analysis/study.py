@@ -98,6 +98,8 @@ def check_reference(reference: dict, arms, where: str = "reference") -> dict:
                              f"{', '.join(units)}")
         if isinstance(fig["value"], bool) or not isinstance(fig["value"], (int, float)):
             raise SuiteError(f"{at}.value={fig['value']!r} must be a number")
+        if fig["compare"] == "ratio" and fig["value"] <= 0:
+            raise SuiteError(f"{at}.value={fig['value']!r}: a ratio needs a positive number")
         if fig["compare"] not in COMPARE:
             raise SuiteError(f"{at}.compare={fig['compare']!r}: use absolute or ratio")
         if fig.get("ours") is None and not fig.get("not_run"):
@@ -165,53 +167,47 @@ def _which_way(ours: float, theirs: float, what: str) -> str:
 
 def comparison_rows(study: dict, runs) -> list[dict]:
     """One row per published figure: theirs, ours (mean over repeats, min-max), and which way."""
-    reference, baseline_arm = study["reference"], study["baseline"]
-    rows = []
-    for fig in reference["figures"]:
-        measure, unit = fig["measure"], fig["unit"]
-        shown_arm = fig.get("ours") or "none"
-        if fig.get("ours") and fig.get("not_run"):  # ours is an analogue of what the source ran
-            shown_arm += f" (the published program is not run by this suite yet: {fig['not_run']})"
-        row = {"published_arm": fig["published"], "ours_arm": shown_arm,
-               "measure": f"{fig['what']} (ours: {MEASURES[measure][0]})",
-               "hardware": fig.get("hardware") or reference["hardware"],
-               "published": f"{_num(fig['value'])} {unit}", "ours": "", "compare": fig["compare"],
-               "published_compared": "", "ours_compared": "", "differs": ""}
-        rows.append(row)
-        if fig.get("ours") is None:
-            row["differs"] = f"not run by this suite yet: {fig['not_run']}"
-            continue
-        values = [_in_unit(v, measure, unit) for v in _ours(runs, fig["ours"], measure)]
-        if not values:
-            row["differs"] = f"no completed run of arm {fig['ours']} measured {measure}"
-            continue
-        ours = sum(values) / len(values)
-        row["ours"] = f"{_num(ours)} {unit}" + (f" (mean of {len(values)}, min-max {_num(min(values))}-"
-                                                 f"{_num(max(values))})" if len(values) > 1 else "")
-        why = f"; why: {fig['why']}" if fig.get("why") else ""
-        if fig["compare"] == "absolute":
-            data = {r.summary.get("data") for r in runs if r.arm == fig["ours"]}
-            if data != {reference["data"]}:
-                row["differs"] = (f"not comparable: ours trained on {', '.join(sorted(map(str, data)))}, the "
-                                  f"published figure on {reference['data']} (profile {study.get('profile')})")
-                continue
-            row["published_compared"], row["ours_compared"] = row["published"], f"{_num(ours)} {unit}"
-            row["differs"] = _which_way(ours, fig["value"], "ours is") + why
-            continue
-        name = MEASURES[measure][2]
-        base_fig = _published_baseline(reference, fig)
-        units = MEASURES[measure][1]
-        theirs_ratio = _ratio(measure, fig["value"] * units[unit], base_fig["value"] * units[base_fig["unit"]])
-        base_values = _ours(runs, baseline_arm, measure)
-        ours_ratio = _ratio(measure, ours, _in_unit(tables.mean(base_values), measure, unit) if base_values else None)
-        row["compare"] = f"ratio: {name} vs {base_fig['published']} / ours vs {baseline_arm}"
-        row["published_compared"] = f"{theirs_ratio:.3g}x" if theirs_ratio is not None else ""
-        if ours_ratio is None:
-            row["differs"] = f"no completed run of the baseline arm {baseline_arm}"
-            continue
-        row["ours_compared"] = f"{ours_ratio:.3g}x"
-        row["differs"] = _which_way(ours_ratio, theirs_ratio, f"our {name} is") + why
-    return rows
+    return [_row(fig, study, runs) for fig in study["reference"]["figures"]]
+
+
+def _row(fig: dict, study: dict, runs) -> dict:
+    reference, measure, unit = study["reference"], fig["measure"], fig["unit"]
+    shown_arm = fig.get("ours") or "none"
+    if fig.get("ours") and fig.get("not_run"):  # ours is an analogue of what the source ran
+        shown_arm += f" (the published program is not run by this suite yet: {fig['not_run']})"
+    row = {"published_arm": fig["published"], "ours_arm": shown_arm,
+           "measure": f"{fig['what']} (ours: {MEASURES[measure][0]})",
+           "hardware": fig.get("hardware") or reference["hardware"],
+           "published": f"{_num(fig['value'])} {unit}", "ours": "", "compare": fig["compare"],
+           "published_compared": "", "ours_compared": "", "differs": ""}
+    theirs = fig["value"]
+    if fig["compare"] == "ratio":
+        base_fig, units = _published_baseline(reference, fig), MEASURES[measure][1]
+        theirs = _ratio(measure, fig["value"] * units[unit], base_fig["value"] * units[base_fig["unit"]])
+        row["compare"] = f"ratio: {MEASURES[measure][2]} vs {base_fig['published']} / ours vs {study['baseline']}"
+        row["published_compared"] = f"{theirs:.3g}x" if theirs is not None else ""
+    if fig.get("ours") is None:
+        return {**row, "differs": f"not run by this suite yet: {fig['not_run']}"}
+    values = [_in_unit(v, measure, unit) for v in _ours(runs, fig["ours"], measure)]
+    if not values:
+        return {**row, "differs": f"no completed run of arm {fig['ours']} measured {measure}"}
+    ours = sum(values) / len(values)
+    row["ours"] = f"{_num(ours)} {unit}" + (f" (mean of {len(values)}, min-max {_num(min(values))}-"
+                                             f"{_num(max(values))})" if len(values) > 1 else "")
+    why = f"; why: {fig['why']}" if fig.get("why") else ""
+    if fig["compare"] == "absolute":
+        data = {r.summary.get("data") for r in runs if r.arm == fig["ours"]}
+        if data != {reference["data"]}:
+            return {**row, "differs": f"not comparable: ours trained on {', '.join(sorted(map(str, data)))}, the "
+                                      f"published figure on {reference['data']} (profile {study.get('profile')})"}
+        return {**row, "published_compared": row["published"], "ours_compared": f"{_num(ours)} {unit}",
+                "differs": _which_way(ours, theirs, "ours is") + why}
+    base_values = _ours(runs, study["baseline"], measure)
+    if not base_values:
+        return {**row, "differs": f"no completed run of the baseline arm {study['baseline']}"}
+    ours_ratio = _ratio(measure, ours, _in_unit(tables.mean(base_values), measure, unit))
+    return {**row, "ours_compared": f"{ours_ratio:.3g}x",
+            "differs": _which_way(ours_ratio, theirs, f"our {MEASURES[measure][2]} is") + why}
 
 
 COLUMNS = {"published_arm": "published arm", "ours_arm": "our arm", "measure": "measures",
