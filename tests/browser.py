@@ -22,8 +22,12 @@ _CHECK = """<script>
 window.addEventListener("load", () => {
   const images = [...document.images].map(i => ({src: i.getAttribute("src"), width: i.naturalWidth,
                                                   loaded: i.complete && i.naturalWidth > 0}));
+  const heading = el => {  // the section heading above a table names it in failures
+    while (el && el.tagName !== "H2") el = el.previousElementSibling;
+    return el ? el.textContent : "";
+  };
   const tables = [...document.querySelectorAll("table")].map(t => ({
-    caption: (t.previousElementSibling || {}).textContent || "",
+    caption: heading(t),
     rows: [...t.tBodies].reduce((n, b) => n + b.rows.length, 0)}));
   const out = document.createElement("pre");
   out.id = "browser-check";

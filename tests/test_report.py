@@ -13,7 +13,7 @@ import pytest
 from analysis import render, tables
 from suite.train import rank as train_rank
 from suite.record.run_record import read_json, read_metrics
-from tests.browser import assert_renders, render
+from tests import browser
 from tests.parity import make_recipe, step_losses
 
 SMALL = {"data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 128, "n_val": 64},
@@ -83,7 +83,7 @@ def test_report_writes_html_with_plots_and_tables(report):
 
 def test_report_renders_in_a_browser_every_image_loaded_every_table_with_rows(report):
     out, _ = report
-    seen = assert_renders(out / "report.html")
+    seen = browser.assert_renders(out / "report.html")
     assert len(seen["images"]) >= 3 and all(i["width"] > 0 for i in seen["images"])
     assert len(seen["tables"]) >= 4
 
@@ -92,11 +92,11 @@ def test_the_browser_check_sees_a_broken_image_and_an_empty_table(tmp_path):
     page = tmp_path / "page.html"
     page.write_text("<html><body><h2>t</h2><img src='plots/missing.png'><table><thead><tr><th>a</th></tr></thead>"
                     "<tbody></tbody></table></body></html>")
-    seen = render(page)
+    seen = browser.render(page)
     assert seen["images"] == [{"src": "plots/missing.png", "width": 0, "loaded": False}]
     assert seen["tables"] == [{"caption": "t", "rows": 0}]
     with pytest.raises(AssertionError, match="did not load in chromium"):
-        assert_renders(page)
+        browser.assert_renders(page)
 
 
 def test_throughput_table_numbers_are_the_run_records(runs, report):

@@ -100,7 +100,7 @@ def test_bad_study_input_is_one_line(tmp_path, capsys, edit, message):
     raw = yaml.safe_load(Path(STUDY).read_text())
     edit(raw)
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert study.main([str(path), "--dry-run", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err

@@ -49,7 +49,7 @@ class PoolTask(submitit.helpers.Checkpointable):
         if env.global_rank > 0:
             return _stand_in(points, env.global_rank)
         started = time.time()
-        (points / "rank0.pid").write_text(str(os.getpid()))
+        _write_pid(points / "rank0.pid")
         launch.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
         for name in self.warm:
@@ -80,7 +80,7 @@ class PoolTask(submitit.helpers.Checkpointable):
                 os.close(target)
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), SUBMITIT_LOCAL_GLOBALID=str(rank),
                               SUBMITIT_LOCAL_LOCALID=str(rank))
-            (points / f"rank{rank}.pid").write_text(str(os.getpid()))
+            _write_pid(points / f"rank{rank}.pid")
             served = self._serve(points, rank)
             _write_exit(points, rank, "preempted" if served is None else "completed")
         except BaseException as e:  # noqa: BLE001 - told to the stand-in, which fails with it
@@ -174,6 +174,13 @@ def _send(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
+
+
+def _write_pid(path: Path) -> None:
+    """Written whole or not at all: a stand-in polling for the file never reads it half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, path)
 
 
 def _write_exit(points: Path, rank: int, status: str, message: str = "") -> None:
