@@ -102,7 +102,7 @@ def _main(args) -> int:
     costs = tables.cost_rows(runs, prices)
     wandb = [] if args.no_wandb else wandb_rows(runs)
     run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "arm": r.arm,
-                 "strategy": r.strategy, "world_size": r.world_size, "seed": (r.recipe.get("training") or {}).get("seed"),
+                 "strategy": r.strategy, "world_size": r.world_size, "seed": r.seed,
                  "samples_per_s": r.summary["samples_per_s"], "train_time_s": r.summary.get("train_time_s"),
                  "epochs": r.summary.get("epochs"), "steps": r.summary.get("steps"),
                  **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]

@@ -172,3 +172,22 @@ def test_a_resumed_run_counts_each_step_once_the_later_attempt_winning(runs, tmp
     assert isinstance(run, Run), run
     assert len(run.steps[0]) == read_json(resumed / "summary.json")["steps"]
     assert all(s["global_loss"] != 99.0 for s in run.steps[0])
+
+
+def test_other_seeds_are_repeats_of_one_experiment_other_strategy_options_are_not(runs, tmp_path):
+    import yaml
+
+    from analysis.runs import load_all
+
+    _, _, ddp = runs
+    for name, edit in (("seed7", lambda r: r["training"].update(seed=7)),
+                       ("buckets", lambda r: r["strategy"].update(bucket_cap_mb=1))):
+        shutil.copytree(ddp, tmp_path / name)
+        recipe = yaml.safe_load((tmp_path / name / "recipe.yaml").read_text())
+        edit(recipe)
+        (tmp_path / name / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    shutil.copytree(ddp, tmp_path / "original")
+    kept, skipped = load_all([tmp_path])
+    assert sorted(r.path.name for r in kept) == ["original", "seed7"]
+    assert len({r.experiment for r in kept}) == 1
+    assert [s.path.name for s in skipped] == ["buckets"] and "strategy options" in skipped[0].reason

@@ -74,7 +74,9 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
 
 def test_tables_and_plots_name_the_arm(finished):
     folder, _, _ = finished
-    assert {r["arm"] for r in _csv(folder / "throughput.csv")} == {"single", "ddp", "allreduce"}
+    throughput = _csv(folder / "throughput.csv")
+    assert {r["arm"] for r in throughput} == {"single", "ddp", "allreduce"}
+    assert {r["runs"] for r in throughput} == {"2"}  # the two seeds are repeats of one experiment
     assert {r["arm"] for r in _csv(folder / "runs.csv")} == {"single", "ddp", "allreduce"}
     assert len(list((folder / "plots").glob("steps-*.png"))) == 1
 
