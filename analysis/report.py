@@ -1,9 +1,11 @@
-"""Compare runs: ``python -m analysis.report RUNS... --out DIR [--target-accuracy A] [--target-loss L]``
+"""Compare runs: ``python -m analysis.report RUNS... --out DIR [--target-accuracy A] [--target-loss L] [--study F]``
 
 RUNS are run folders or folders holding them at any depth (e.g. runs copied from several
 machines into one place). Writes ``DIR/report.html`` with PNG plots under ``DIR/plots/``,
 Markdown tables in ``DIR/tables.md`` and CSV tables (raw numbers) beside them. Runs that
-cannot be compared are listed with the reason and skipped. Never imports torch.
+cannot be compared are listed with the reason and skipped. ``--study`` (a study folder's
+``study.yaml``, see ``python -m suite.study``) adds the published figures beside ours
+(``analysis.study``). Never imports torch.
 """
 from __future__ import annotations
 
@@ -14,28 +16,33 @@ from pathlib import Path
 
 import yaml
 
-from analysis import plots, render, tables, wandb_runs
+from analysis import plots, render, study as studies, tables, wandb_runs
 from analysis.runs import load_all
 from suite.record import run_record
+from suite.errors import one_line
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 
-THROUGHPUT = {"strategy_shown": "strategy", "world_size": "world size", "global_batch": "global batch",
+THROUGHPUT = {"experiment": "experiment", "arm": "arm", "strategy_shown": "strategy", "world_size": "world size", "global_batch": "global batch",
               "runs": "runs", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "speedup": "speed-up",
               "scaling_efficiency": "scaling efficiency", "utilisation": "mean utilisation",
               "peak_memory": "peak memory per rank", "held": "held bytes per rank",
               "achieved_flops_per_s": "achieved FLOP/s", "mfu_shown": "MFU"}
-TARGET = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size", "run_id": "run",
+TARGET = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size", "run_id": "run",
           "metric": "metric", "target": "target", "reached": "reached", "epochs": "epochs", "time_s": "time (s)"}
-VERDICT = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size",
+VERDICT = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size",
            "accuracy": "accuracy", "loss": "loss", "time": "time per epoch"}
-COST = {"strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
+COST = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
         "devices": "devices", "wall_time_s": "wall time (s)", "device_hours": "device-hours",
         "price_per_device_hour": "price / device-hour", "cost": "cost", "currency": "currency"}
-WANDB = {"run_id": "run", "name": "W&B run", "group": "group", "history_rows": "history rows",
+WANDB = {"run_id": "run", "experiment": "experiment", "arm": "arm", "name": "W&B run", "group": "group", "history_rows": "history rows",
          "matches_record": "steps match record", "system_samples": "system samples",
          "cpu_percent_mean": "cpu % mean", "rss_mb_peak": "RSS peak (MB)"}
 SKIPPED = {"path": "run folder", "reason": "why skipped"}
+RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size",
+        "seed": "seed", "epochs": "epochs", "steps": "steps", "train_time_s": "training time (s)",
+        "samples_per_s": "samples/s", "final_train_loss": "train loss", "final_train_accuracy": "train accuracy",
+        "final_val_loss": "val loss", "final_val_accuracy": "val accuracy"}
 
 
 def parse_args(argv):
@@ -46,6 +53,7 @@ def parse_args(argv):
     p.add_argument("--target-loss", type=float, help="report time/epochs to reach this loss")
     p.add_argument("--prices", default=str(DEFAULT_PRICES), help="price table (default: analysis/prices.yaml)")
     p.add_argument("--no-wandb", action="store_true", help="do not read the offline W&B runs (~1 s per rank)")
+    p.add_argument("--study", help="a study's study.yaml (python -m suite.study writes it): adds published vs ours")
     return p.parse_args(argv)
 
 
@@ -64,7 +72,7 @@ def wandb_rows(runs) -> list[dict]:
     rows = []
     for run in runs:
         for d in wandb_runs.run_dirs(run.path):
-            row = {"run_id": run.run_id}
+            row = {"run_id": run.run_id, "experiment": run.experiment, "arm": run.arm}
             try:
                 info = wandb_runs.read(d)
             except Exception as e:  # noqa: BLE001 - an unreadable W&B run is reported, not fatal
@@ -79,7 +87,11 @@ def wandb_rows(runs) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    return one_line(_main, parse_args(argv))
+
+
+def _main(args) -> int:
+    study = studies.load(args.study) if args.study else None
     out = Path(args.out)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     runs, skipped = load_all(args.runs)
@@ -100,9 +112,10 @@ def main(argv=None) -> int:
     verdicts = tables.verdict_rows(configs)
     costs = tables.cost_rows(runs, prices)
     wandb = [] if args.no_wandb else wandb_rows(runs)
-    run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "strategy": r.strategy,
-                 "world_size": r.world_size, "samples_per_s": r.summary["samples_per_s"],
-                 "train_time_s": r.summary.get("train_time_s"), "epochs": r.summary.get("epochs"),
+    run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "arm": r.arm,
+                 "strategy": r.strategy, "world_size": r.world_size, "seed": r.seed,
+                 "samples_per_s": r.summary["samples_per_s"], "train_time_s": r.summary.get("train_time_s"),
+                 "epochs": r.summary.get("epochs"), "steps": r.summary.get("steps"),
                  **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]
 
     render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation", "strategy_shown")] if throughput else None)
@@ -111,6 +124,12 @@ def main(argv=None) -> int:
         render.write_csv(out / f"{name}.csv", rows)
 
     md, sections = [f"# scalesuite report\n\n{len(runs)} run(s) compared, {len(skipped)} skipped.\n"], []
+    if study:
+        published = studies.comparison_rows(study, runs)
+        render.write_csv(out / "published_vs_ours.csv", published)
+        intro = studies.header(study)
+        md.append(f"## Published vs ours\n\n{intro}\n\n" + render.markdown(published, studies.COLUMNS))
+        sections.append(("Published vs ours", f"<p>{html.escape(intro)}</p>" + render.html_table(published, studies.COLUMNS)))
     for model, rows in tables.by_model(throughput).items():
         png = plots.throughput_bars(model, rows, out / "plots" / f"throughput-{model}.png")
         columns = {**THROUGHPUT, "mfu_shown": mfu_column(rows)}
@@ -122,18 +141,22 @@ def main(argv=None) -> int:
         by_experiment.setdefault(r.experiment, []).append(r)
     for experiment, members in by_experiment.items():
         png = plots.experiment_curves(experiment, members, out / "plots" / f"curves-{experiment}.png")
-        md.append(f"## Curves: {experiment}\n\n![curves](plots/{png.name})\n")
-        sections.append((f"Curves per epoch: {experiment}", f"<img src='plots/{png.name}'>"))
+        steps = plots.step_curves(experiment, members, out / "plots" / f"steps-{experiment}.png")
+        md.append(f"## Curves: {experiment}\n\n![curves](plots/{png.name})\n\n![loss per step](plots/{steps.name})\n")
+        sections.append((f"Curves per epoch and loss per step: {experiment}",
+                         f"<img src='plots/{png.name}'><img src='plots/{steps.name}'>"))
     for title, rows, cols, note in (
             ("Time to target", targets, TARGET, "" if targets else "Give --target-accuracy or --target-loss."),
             ("Verdicts against the baseline (strategy single, same experiment)", verdicts, VERDICT, tables.NOISE_RULE),
             ("Cost", costs, COST, f"Prices from {args.prices}; device-hours = devices x wall time."),
             ("W&B offline runs", wandb, WANDB, "Read with `python -m wandb leet inspect --json`."),
+            ("Runs", run_rows, RUNS, "Every compared run; the final values are the last epoch's."),
             ("Skipped runs", [{"path": str(s.path), "reason": s.reason} for s in skipped], SKIPPED, "")):
         md.append(f"## {title}\n\n{note}\n\n" + render.markdown(rows, cols))
         sections.append((title, (f"<p>{html.escape(note)}</p>" if note else "") + render.html_table(rows, cols)))
     (out / "tables.md").write_text("\n".join(md))
-    (out / "report.html").write_text(render.html_page("scalesuite report", sections))
+    title = f"scalesuite study {study['name']} ({study['profile']})" if study else "scalesuite report"
+    (out / "report.html").write_text(render.html_page(title, sections))
     print(f"report: {out / 'report.html'} ({len(runs)} run(s), {len(skipped)} skipped)")
     return 0
 

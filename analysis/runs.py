@@ -5,8 +5,8 @@ A folder may hold runs copied from several machines, at any depth. A run that ca
 compared is *skipped* with a reason, never a crash: no, corrupt or foreign ``summary.json``, a
 status other than completed, a missing or truncated ``metrics.jsonl``, an unreadable recipe, or
 a ``recipe_fingerprint`` that differs from the other runs of its group. Groups are experiments
-(``Run.experiment``: same model, data, optimizer and training sections) x strategy x world size:
-repeats of one configuration must have trained the same thing.
+(``Run.experiment``: same model, data, optimizer and training sections but the seed) x arm x
+strategy x world size: repeats of one configuration (other seeds, or copies) must have trained the same thing.
 """
 from __future__ import annotations
 
@@ -53,16 +53,27 @@ class Run:
         return int(self.summary["world_size"])
 
     @property
+    def arm(self) -> str | None:
+        """The study arm the run belongs to (recipe key ``arm``, set by ``python -m suite.study``)."""
+        return self.recipe.get("arm")
+
+    @property
     def label(self) -> str:
-        """How plots and tables name the configuration: strategy and world size."""
-        return f"{self.strategy} x{self.world_size}"
+        """How plots and tables name the configuration: its arm (if any), strategy and world size."""
+        shape = f"{self.strategy} x{self.world_size}"
+        return f"{self.arm}: {shape}" if self.arm else shape
+
+    @property
+    def seed(self):
+        return (self.recipe.get("training") or {}).get("seed")
 
     @property
     def experiment(self) -> str:
         """Runs with equal model, data, optimizer and training sections train the same problem
-        at the same global batch; only strategy and world size differ between them."""
+        at the same global batch; only strategy and world size differ between them, and the seed
+        between repeats."""
         part = {k: self.recipe.get(k) for k in ("model", "data", "optimizer", "training")}
-        part["training"] = {k: v for k, v in (part["training"] or {}).items() if k != "log_every_steps"}
+        part["training"] = {k: v for k, v in (part["training"] or {}).items() if k not in ("log_every_steps", "seed")}
         digest = hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:8]
         return f"{self.summary['model']}-{self.summary.get('data', '?')}-b{self.summary['global_batch']}-{digest}"
 
@@ -138,21 +149,34 @@ def load_all(paths) -> tuple[list[Run], list[Skipped]]:
     for d in find_run_dirs(paths):
         item = load(d)
         (runs if isinstance(item, Run) else skipped).append(item)
-    # Repeats of one configuration (same experiment, strategy, world size) must share the recipe
-    # fingerprint, which also covers strategy options; a minority fingerprint is set aside.
+    # Repeats of one configuration (same experiment, arm, strategy, world size; seeds may differ)
+    # must have trained the same thing: runs of one seed the same recipe fingerprint, all of them
+    # the same strategy options. A minority is set aside.
     groups = defaultdict(list)
     for r in runs:
-        groups[(r.experiment, r.strategy, r.world_size)].append(r)
+        groups[(r.experiment, r.arm, r.strategy, r.world_size)].append(r)
     kept = []
-    for (name, strategy, world), members in groups.items():
+    for (name, _, strategy, world), members in groups.items():
         members.sort(key=lambda r: r.run_id)
-        counts = Counter(r.summary.get("recipe_fingerprint") for r in members)
-        # The most common fingerprint wins; on a tie, the earliest run's.
-        best = max(counts, key=lambda fp: (counts[fp], -[r.summary.get("recipe_fingerprint") for r in members].index(fp)))
-        for r in members:
-            if r.summary.get("recipe_fingerprint") == best:
-                kept.append(r)
-            else:
-                skipped.append(Skipped(r.path, f"different recipe: recipe_fingerprint {r.summary.get('recipe_fingerprint')} "
-                                               f"but {counts[best]} other run(s) of {name} ({strategy} x{world}) have {best}"))
-    return sorted(kept, key=lambda r: (r.experiment, r.world_size, r.strategy, r.run_id)), skipped
+        same_options, odd = _majority(members, lambda r: json.dumps(r.recipe.get("strategy"), sort_keys=True))
+        skipped += [Skipped(r.path, f"different recipe: strategy options {r.recipe.get('strategy')} differ from "
+                                    f"the other runs of {name} ({strategy} x{world})") for r in odd]
+        by_seed = defaultdict(list)
+        for r in same_options:
+            by_seed[r.seed].append(r)
+        for seed_runs in by_seed.values():
+            same, odd = _majority(seed_runs, lambda r: r.summary.get("recipe_fingerprint"))
+            kept += same
+            best = same[0].summary.get("recipe_fingerprint")
+            skipped += [Skipped(r.path, f"different recipe: recipe_fingerprint {r.summary.get('recipe_fingerprint')} "
+                                        f"but {len(same)} other run(s) of {name} ({strategy} x{world}) have {best}")
+                        for r in odd]
+    return sorted(kept, key=lambda r: (r.experiment, r.world_size, r.strategy, r.arm or "", r.run_id)), skipped
+
+
+def _majority(runs: list[Run], key) -> tuple[list[Run], list[Run]]:
+    """(runs whose key is the most common one, the others); on a tie, the earliest run's key wins."""
+    keys = [key(r) for r in runs]
+    counts = Counter(keys)
+    best = max(counts, key=lambda k: (counts[k], -keys.index(k)))
+    return [r for r, k in zip(runs, keys) if k == best], [r for r, k in zip(runs, keys) if k != best]

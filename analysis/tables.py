@@ -1,6 +1,6 @@
 """The comparison tables, as lists of rows (dicts of raw numbers; formatting is ``analysis.render``).
 
-- throughput: one row per configuration (experiment, strategy, world size), repeats averaged.
+- throughput: one row per configuration (experiment, arm, strategy, world size), repeats averaged.
   speed-up = samples/s / the baseline's samples/s, where the baseline is strategy ``single``
   on the same experiment (same model, data, optimizer, training, so the same global batch);
   scaling efficiency = speed-up / world size.
@@ -38,6 +38,7 @@ class Config:
     experiment: str
     strategy: str
     world_size: int
+    arm: str | None = None  # the study arm (``Run.arm``); None outside studies
     runs: list = field(default_factory=list)
 
     @property
@@ -46,7 +47,7 @@ class Config:
 
     @property
     def label(self) -> str:
-        return f"{self.strategy} x{self.world_size}"
+        return self.first.label
 
 
 def mean(values):
@@ -65,9 +66,10 @@ def std(values):
 def configs(runs) -> list[Config]:
     groups: dict = {}
     for r in runs:
-        key = (r.experiment, r.strategy, r.world_size)
+        key = (r.experiment, r.strategy, r.world_size, r.arm)
         groups.setdefault(key, Config(*key)).runs.append(r)
-    return sorted(groups.values(), key=lambda c: (c.experiment, c.world_size, c.strategy != BASELINE, c.strategy))
+    return sorted(groups.values(),
+                  key=lambda c: (c.experiment, c.world_size, c.strategy != BASELINE, c.strategy, c.arm or ""))
 
 
 def baseline_of(config: Config, all_configs) -> Config | None:
@@ -128,8 +130,8 @@ def throughput_rows(all_configs) -> list[dict]:
         rank_mean = lambda key: [mean(per_rank(r, key)[i] for r in c.runs) for i in range(n_ranks)]  # noqa: E731
         util, device = zip(*(utilisation(r) for r in c.runs))
         rows.append({
-            "model": s0["model"], "data": s0.get("data"), "experiment": c.experiment, "strategy": c.strategy,
-            "world_size": c.world_size, "global_batch": s0["global_batch"], "runs": len(c.runs),
+            "model": s0["model"], "data": s0.get("data"), "experiment": c.experiment, "arm": c.arm,
+            "strategy": c.strategy, "world_size": c.world_size, "global_batch": s0["global_batch"], "runs": len(c.runs),
             "samples_per_s": sps, "samples_per_s_std": std(r.summary["samples_per_s"] for r in c.runs),
             "tokens_per_s": mean(r.summary.get("tokens_per_s") for r in c.runs),
             "speedup": speedup, "scaling_efficiency": speedup / c.world_size if speedup else None,
@@ -153,7 +155,7 @@ def time_to_target_rows(runs, target_accuracy=None, target_loss=None) -> list[di
                                         ("loss", target_loss, lambda v, t: v <= t)):
             if target is None:
                 continue
-            row = {"experiment": r.experiment, "strategy": r.strategy, "world_size": r.world_size,
+            row = {"experiment": r.experiment, "arm": r.arm, "strategy": r.strategy, "world_size": r.world_size,
                    "run_id": r.run_id, "metric": metric, "target": target, "reached": False,
                    "epochs": None, "time_s": None, "value": None}
             elapsed = 0.0
@@ -190,7 +192,7 @@ def verdict_rows(all_configs) -> list[dict]:
         base = baseline_of(c, all_configs)
         if base is None or base is c:
             continue
-        row = {"experiment": c.experiment, "strategy": c.strategy, "world_size": c.world_size}
+        row = {"experiment": c.experiment, "arm": c.arm, "strategy": c.strategy, "world_size": c.world_size}
         for metric in NOISE:
             v, diff, band = verdict(metric, [final_metric(r, metric) for r in c.runs],
                                     [final_metric(r, metric) for r in base.runs])
@@ -212,7 +214,7 @@ def cost_rows(runs, prices: dict) -> list[dict]:
         else:
             devices, unit, price = int(launch.get("nodes", 1)), "CPU node", prices.get("cpu_node")
         hours = devices * wall_s / 3600
-        rows.append({"experiment": r.experiment, "strategy": r.strategy, "world_size": r.world_size,
+        rows.append({"experiment": r.experiment, "arm": r.arm, "strategy": r.strategy, "world_size": r.world_size,
                      "run_id": r.run_id, "device": unit, "devices": devices, "wall_time_s": wall_s,
                      "device_hours": hours, "price_per_device_hour": price,
                      "cost": hours * price if price is not None else None,

@@ -1,4 +1,5 @@
 """Errors meant for people: one line that names the problem and the fix."""
+import sys
 
 
 class SuiteError(Exception):
@@ -21,3 +22,12 @@ class RunCancelled(RunFailed):
     """The run was stopped on request (Ctrl-C); what it did is kept and it can be resumed."""
 
     exit_code = 130
+
+
+def one_line(command, *args) -> int:
+    """Run a command's body; a SuiteError becomes ``error: <message>`` on stderr and its exit code."""
+    try:
+        return command(*args)
+    except SuiteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code

@@ -98,6 +98,7 @@ _LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augme
 class Recipe(Strict):
     """One run: what to train, how to split it, how to launch it."""
     name: str  # names the run folder: load() refuses what is not a file-name slug (check_name)
+    arm: Optional[str] = None  # the study arm this run belongs to (python -m suite.study); reports name it
     model: _union(o for o, _ in MODELS.values())
     data: _union(DATASETS.values())
     strategy: _union(s.Options for s in STRATEGIES.values())
@@ -138,7 +139,7 @@ class Recipe(Strict):
 
     def fingerprint(self) -> str:
         """Hash of what determines the numbers (everything but launch and tracking)."""
-        d = self.model_dump(mode="json", exclude={"launch", "tracking", "sweep", "name"})
+        d = self.model_dump(mode="json", exclude={"launch", "tracking", "sweep", "name", "arm"})
         for section, key in _LATER_KEYS:  # at their defaults they change nothing: leave them out
             options = getattr(self, section)
             field = type(options).model_fields.get(key)
@@ -230,4 +231,5 @@ def _allowed_keys(loc: list[str], raw: dict) -> list[str]:
 
 
 def dump(recipe: Recipe) -> str:
-    return yaml.safe_dump(recipe.model_dump(mode="json", exclude={"sweep"}), sort_keys=False)
+    skip = {"sweep"} | ({"arm"} if recipe.arm is None else set())  # a run outside a study says nothing of arms
+    return yaml.safe_dump(recipe.model_dump(mode="json", exclude=skip), sort_keys=False)

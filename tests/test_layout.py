@@ -38,3 +38,11 @@ def test_the_readmes_layout_names_every_module_outside_the_registries():
     missing = sorted(str(p.relative_to(root)) for p in wanted
                      if f"`{p.name}" not in layout and f"{p.relative_to(root)}" not in layout)
     assert not missing, f"README's Layout section does not name: {missing}"
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    from pathlib import Path
+
+    readme = Path("README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith('pip install -e ".[test]"'))
+    assert command in Path(".ci/run").read_text().splitlines()

@@ -137,7 +137,7 @@ def test_the_report_marks_oversubscribed_rows():
 
     summary = Summary(status="completed", model="mlp", global_batch=64, samples_per_s=10.0, epoch_time_s=[1.0],
                       ranks=[], oversubscribed=True).model_dump()
-    run = SimpleNamespace(experiment="e", strategy="ddp", world_size=4, summary=summary)
+    run = SimpleNamespace(experiment="e", arm=None, strategy="ddp", world_size=4, summary=summary)
     (row,) = tables.throughput_rows(tables.configs([run]))
     assert row["oversubscribed"] is True
 

@@ -13,6 +13,7 @@ import pytest
 from analysis import render, tables
 from suite.train import rank as train_rank
 from suite.record.run_record import read_json, read_metrics
+from tests import browser
 from tests.parity import make_recipe, step_losses
 
 SMALL = {"data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 128, "n_val": 64},
@@ -78,6 +79,24 @@ def test_report_writes_html_with_plots_and_tables(report):
     for name in ("throughput", "time_to_target", "verdicts", "cost", "runs", "skipped"):
         assert (out / f"{name}.csv").exists()
     assert "Throughput and memory: mlp" in (out / "tables.md").read_text()
+
+
+def test_report_renders_in_a_browser_every_image_loaded_every_table_with_rows(report):
+    out, _ = report
+    seen = browser.assert_renders(out / "report.html")
+    assert len(seen["images"]) >= 3 and all(i["width"] > 0 for i in seen["images"])
+    assert len(seen["tables"]) >= 4
+
+
+def test_the_browser_check_sees_a_broken_image_and_an_empty_table(tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text("<html><body><h2>t</h2><img src='plots/missing.png'><table><thead><tr><th>a</th></tr></thead>"
+                    "<tbody></tbody></table></body></html>")
+    seen = browser.render(page)
+    assert seen["images"] == [{"src": "plots/missing.png", "width": 0, "loaded": False}]
+    assert seen["tables"] == [{"caption": "t", "rows": 0}]
+    with pytest.raises(AssertionError, match="did not load in chromium"):
+        browser.assert_renders(page)
 
 
 def test_throughput_table_numbers_are_the_run_records(runs, report):
@@ -175,3 +194,22 @@ def test_a_resumed_run_counts_each_step_once_the_later_attempt_winning(runs, tmp
     assert isinstance(run, Run), run
     assert len(run.steps[0]) == read_json(resumed / "summary.json")["steps"]
     assert all(s["global_loss"] != 99.0 for s in run.steps[0])
+
+
+def test_other_seeds_are_repeats_of_one_experiment_other_strategy_options_are_not(runs, tmp_path):
+    import yaml
+
+    from analysis.runs import load_all
+
+    _, _, ddp = runs
+    for name, edit in (("seed7", lambda r: r["training"].update(seed=7)),
+                       ("buckets", lambda r: r["strategy"].update(bucket_cap_mb=1))):
+        shutil.copytree(ddp, tmp_path / name)
+        recipe = yaml.safe_load((tmp_path / name / "recipe.yaml").read_text())
+        edit(recipe)
+        (tmp_path / name / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    shutil.copytree(ddp, tmp_path / "original")
+    kept, skipped = load_all([tmp_path])
+    assert sorted(r.path.name for r in kept) == ["original", "seed7"]
+    assert len({r.experiment for r in kept}) == 1
+    assert [s.path.name for s in skipped] == ["buckets"] and "strategy options" in skipped[0].reason

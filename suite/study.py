@@ -1,0 +1,189 @@
+"""``python -m suite.study STUDY.yaml [key.path=value ...] [--profile P] [--repeats N] [--out DIR] [--dry-run]``
+
+A study reruns a published comparison and sets the published figures beside ours. Its recipe
+(``recipes/studies/*.yaml``) is a normal recipe (model, data, strategy, optimizer, training,
+launch, tracking) plus:
+
+- ``profiles``: named override sets (``key.path: value``, as on the command line). ``cpu`` (the
+  default) uses synthetic or bundled data and sizes that finish in minutes on 2 cores; ``full``
+  the real data sets and sizes, for a cluster.
+- ``repeats``: runs per arm, seeds ``training.seed``, ``+1``, ... (``--repeats`` overrides).
+- ``arms``: the experiments compared, by name, each an override set; ``baseline``: the arm the
+  ratios divide by.
+- ``reference``: the published figures per arm (``analysis.study`` says what each key means).
+
+Every arm runs through ``python -m suite.submit`` (one call per arm, its repeats a seed sweep),
+into ``DIR/<name>-<profile>-<time>/runs/``; that folder also gets each arm's resolved recipe
+(``recipes/<arm>.yaml``: rerun one with ``suite.submit``), ``study.yaml`` and the report
+(``analysis.report --study``), whose path is printed last. Overrides apply to every arm, last.
+Exit codes: 0 every run completed; 1 a run failed (the report lists it); 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from suite.errors import SuiteError, one_line
+from suite.recipe_text import NAME_KEYS, _flatten, apply_override, check_name, read, set_path
+
+STUDY_KEYS = ("profiles", "repeats", "arms", "baseline", "reference")
+DEFAULT_PROFILE = "cpu"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m suite.study",
+                                description="Rerun a published comparison and set its figures beside ours.")
+    p.add_argument("study", help="study recipe, e.g. recipes/studies/fashion_mnist_dp.yaml")
+    p.add_argument("overrides", nargs="*", help="key.path=value for every arm, e.g. data.root=/data")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"override set from profiles: (default {DEFAULT_PROFILE})")
+    p.add_argument("--repeats", type=int, help="runs per arm (default: the recipe's repeats)")
+    p.add_argument("--out", default="studies", help="folder that gets the study's folder (default: studies/)")
+    p.add_argument("--dry-run", action="store_true", help="check every arm with suite.submit --dry-run; train nothing")
+    return p.parse_intermixed_args(argv)
+
+
+def split(path) -> tuple[dict, dict]:
+    """(the recipe part, the study part) of a study recipe, the study part checked."""
+    raw = read(path)
+    study = {k: raw.pop(k) for k in STUDY_KEYS if k in raw}
+    arms = study.get("arms")
+    if not isinstance(arms, dict) or not arms:
+        raise SuiteError(f"study {path}: arms must map arm names to override sets, e.g. arms: {{ddp: "
+                         f"{{strategy.name: ddp}}}}")
+    for arm, overrides in arms.items():
+        try:
+            check_name(arm)  # it names the arm's run folders
+        except SuiteError:
+            raise SuiteError(f"arms: {arm!r} must be a name of letters, digits, '.', '_' and '-'") from None
+        if not isinstance(overrides, dict):
+            raise SuiteError(f"arms.{arm} must be a mapping of key.path: value (e.g. strategy.name: ddp)")
+    if study.get("baseline") not in arms:
+        raise SuiteError(f"baseline={study.get('baseline')!r} must name one of the arms: {', '.join(arms)}")
+    profiles = study.setdefault("profiles", {})
+    if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
+        raise SuiteError("profiles must map profile names to override sets, e.g. profiles: {cpu: {data.name: digits}}")
+    repeats = study.setdefault("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise SuiteError(f"repeats={repeats!r} must be a whole number >= 1")
+    if "reference" not in study:
+        raise SuiteError(f"study {path}: reference is required (the published figures per arm)")
+    from analysis.study import check_reference
+
+    check_reference(study["reference"], arms)
+    return raw, study
+
+
+def _apply(raw: dict, overrides: dict) -> None:
+    """``key.path: value`` pairs, as overrides: a changed model/data/strategy name starts its section afresh."""
+    items = _flatten(overrides)
+    for key in sorted(items, key=lambda k: k not in NAME_KEYS):
+        apply_override(raw, f"{key}={json.dumps(items[key])}")
+
+
+def arm_recipes(raw: dict, study: dict, profile: str, repeats: int, overrides=()) -> dict[str, dict]:
+    """arm -> its recipe: the study's recipe, then the profile, the arm, the command line; repeats as a seed sweep."""
+    if profile not in study["profiles"]:
+        known = ", ".join(study["profiles"]) or "none"
+        raise SuiteError(f"--profile {profile}: the study has no such profile; its profiles: {known}")
+    out = {}
+    for arm, arm_overrides in study["arms"].items():
+        recipe = json.loads(json.dumps(raw))
+        _apply(recipe, study["profiles"][profile])
+        _apply(recipe, arm_overrides)
+        for item in overrides:
+            apply_override(recipe, item)
+        recipe["name"], recipe["arm"] = f"{raw['name']}-{arm}", arm
+        if repeats > 1:
+            seed = (recipe.get("training") or {}).get("seed", 0)
+            set_path(recipe.setdefault("sweep", {}), "training.seed", [seed + i for i in range(repeats)])
+        out[arm] = recipe
+    return out
+
+
+def main(argv=None) -> int:
+    return one_line(_main, parse_args(argv))
+
+
+def _main(args) -> int:
+    raw, study = split(args.study)
+    repeats = study["repeats"] if args.repeats is None else args.repeats
+    if repeats < 1:
+        raise SuiteError(f"--repeats {repeats} must be >= 1")
+    recipes = arm_recipes(raw, study, args.profile, repeats, args.overrides)
+    check_arms(recipes)
+    if args.dry_run:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _submit_all(recipes, Path(tmp), ["--dry-run"])
+    folder = _new_folder(Path(args.out), f"{raw['name']}-{args.profile}")
+    spec = {"name": raw["name"], "profile": args.profile, "repeats": repeats, "baseline": study["baseline"],
+            "arms": study["arms"], "reference": study["reference"]}
+    (folder / "study.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    code = _submit_all(recipes, folder, ["--out", str(folder / "runs")])
+    if code == 2 and not list(folder.glob("runs/*/summary.json")):
+        shutil.rmtree(folder)  # refused before anything ran (e.g. data missing): the error line is all
+        return code
+    from analysis import report
+
+    (folder / "runs").mkdir(exist_ok=True)
+    report_code = report.main([str(folder / "runs"), "--out", str(folder), "--study", str(folder / "study.yaml")])
+    print(f"study {raw['name']} ({args.profile}): {folder / 'report.html'}")
+    return code or report_code
+
+
+def check_arms(recipes: dict) -> None:
+    """Validate every arm's every point before anything runs; an error names the arm."""
+    import copy
+
+    from suite import recipe as schema
+    from suite.recipe_text import expand_sweep
+
+    for arm, recipe in recipes.items():
+        try:
+            for point in expand_sweep(copy.deepcopy(recipe)):
+                schema.validate(point)
+        except SuiteError as e:
+            raise SuiteError(f"arm {arm}: {e}") from None
+
+
+def _new_folder(out: Path, name: str) -> Path:
+    """``out/<name>-<time>``, created; a second study started in the same second gets ``-2``."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 100):
+        folder = out / (f"{name}-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise SuiteError(f"--out {out}: cannot create the study's folder there ({e.strerror})") from None
+    raise SuiteError(f"--out {out}: too many studies named {name} started this second")
+
+
+def _submit_all(recipes: dict, folder: Path, extra: list[str]) -> int:
+    """Each arm through ``python -m suite.submit``; bad input stops at once, a failed run does not
+    stop the other arms. Returns the worst exit code."""
+    from suite.submit import cli
+
+    (folder / "recipes").mkdir(parents=True, exist_ok=True)
+    worst = 0
+    for arm, recipe in recipes.items():
+        path = folder / "recipes" / f"{arm}.yaml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        print(f"arm {arm}: python -m suite.submit {path} {' '.join(extra)}", flush=True)
+        code = cli.main([str(path), *extra])
+        if code in (2, 130):  # bad input, or Ctrl-C: the other arms do not start
+            return code
+        worst = max(worst, code)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

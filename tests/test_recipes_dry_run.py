@@ -1,0 +1,46 @@
+"""Every recipe the project ships dry-runs: plain recipes with ``suite.submit --dry-run``, studies
+with ``suite.study --dry-run`` (every arm through suite.submit's dry run) in their default (cpu)
+profile, and the Fashion-MNIST study's full profile on tiny Fashion-MNIST files written here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from suite import study
+from suite.submit import cli
+from tests.test_data import write_idx
+
+RECIPES = sorted(Path("recipes").rglob("*.yaml"))
+STUDIES = [p for p in RECIPES if "studies" in p.parts]
+
+
+def test_the_recipes_folder_has_plain_recipes_and_studies():
+    assert len(RECIPES) > len(STUDIES) > 0
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=str)
+def test_recipe_dry_runs(path, capsys):
+    run = study.main if path in STUDIES else cli.main
+    code = run([str(path), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "nothing launched (--dry-run)" in out
+
+
+def _fashion_mnist(root: Path) -> None:
+    rng = np.random.default_rng(0)
+    raw = root / "FashionMNIST" / "raw"
+    for split, n in (("train", 64), ("t10k", 32)):
+        write_idx(raw / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(raw / f"{split}-labels-idx1-ubyte", np.arange(n) % 10)
+
+
+def test_fashion_mnist_study_full_profile_dry_runs_on_its_data(tmp_path, capsys):
+    _fashion_mnist(tmp_path)
+    code = study.main(["recipes/studies/fashion_mnist_dp.yaml", "--profile", "full", f"data.root={tmp_path}",
+                       "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count("nothing launched (--dry-run)") == 3
