@@ -18,7 +18,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 PANELS = [("train_loss", "train loss"), ("val_loss", "val loss"), ("train_accuracy", "train accuracy"),
           ("val_accuracy", "val accuracy"), ("epoch_time_s", "training time per epoch (s)"),
-          ("eval_time_s", "evaluation time (s)")]
+          ("eval_time_s", "evaluation time (s)"), ("val_miou", "val mean IoU")]
+OPTIONAL = {"val_miou"}  # drawn only when a run of the experiment has it (segmentation)
 
 
 def rank_train_loss(run, rank: int) -> dict:
@@ -48,11 +49,15 @@ def series(run, key: str):
 
 
 def experiment_curves(experiment: str, runs, path: Path) -> Path:
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    panels = [p for p in PANELS if p[0] not in OPTIONAL or any(series(run, p[0])[0] for run in runs)]
+    columns = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(2, columns, figsize=(13 * columns / 3, 7))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     colours, labelled = {}, set()
     for run in runs:
         colour = colours.setdefault(run.label, f"C{len(colours) % 10}")
-        for i, (ax, (key, title)) in enumerate(zip(axes.flat, PANELS)):
+        for i, (ax, (key, title)) in enumerate(zip(axes.flat, panels)):
             avg, per_rank = series(run, key)
             for p in per_rank:
                 ax.plot([e + 1 for e in sorted(p)], [p[e] for e in sorted(p)], color=colour, lw=0.8, alpha=0.4)
@@ -62,7 +67,7 @@ def experiment_curves(experiment: str, runs, path: Path) -> Path:
                 labelled.add((i, run.label))
                 ax.plot([e + 1 for e in xs], [avg[e] for e in xs], color=colour, lw=2, marker="o", ms=3,
                         label=run.label if first else None)
-    for ax, (_, title) in zip(axes.flat, PANELS):
+    for ax, (_, title) in zip(axes.flat, panels):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

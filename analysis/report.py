@@ -27,7 +27,7 @@ THROUGHPUT = {"strategy_shown": "strategy", "world_size": "world size", "global_
 TARGET = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size", "run_id": "run",
           "metric": "metric", "target": "target", "reached": "reached", "epochs": "epochs", "time_s": "time (s)"}
 VERDICT = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size",
-           "accuracy": "accuracy", "loss": "loss", "time": "time per epoch"}
+           "accuracy": "accuracy", "loss": "loss", "time": "time per epoch", "miou": "mean IoU"}
 COST = {"strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
         "devices": "devices", "wall_time_s": "wall time (s)", "device_hours": "device-hours",
         "price_per_device_hour": "price / device-hour", "cost": "cost", "currency": "currency"}

@@ -110,8 +110,10 @@ def estimate(recipe) -> dict:
     sizes = recipe.data.sizes()
     spec = recipe.data.spec()
     element = 8 if spec.input_dtype == "int64" else 4
-    # Every rank loads the whole data set (inputs and int64 targets) before taking its shard.
-    est["data_bytes"] = sum(sizes) * (math.prod(spec.input_shape) * element + 8) if sizes else 0
+    # Every rank loads the whole data set (inputs and int64 targets: a class id per pixel for
+    # segmentation) before taking its shard.
+    target = math.prod(spec.input_shape[1:]) if recipe.model.task == "segmentation" else 1
+    est["data_bytes"] = sum(sizes) * (math.prod(spec.input_shape) * element + 8 * target) if sizes else 0
     return est
 
 
