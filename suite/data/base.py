@@ -4,7 +4,7 @@ import importlib
 from typing import Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, PositiveInt
+from pydantic import BaseModel, ConfigDict, PositiveInt, PrivateAttr
 from torch.utils.data import TensorDataset
 
 from suite.data import DataSpec
@@ -55,6 +55,24 @@ class DataOptions(BaseModel):
 
     def limited(self, train: TensorDataset, val: TensorDataset):
         return _head(train, self.limit_train), _head(val, self.limit_val)
+
+
+class LoadedOnce(DataOptions):
+    """A data set whose spec and sizes are known only from its data: the factory runs once per
+    process (the submitter's checks, or a rank) and its result is kept on these options."""
+    _loaded = PrivateAttr(default=None)
+
+    def loaded(self):
+        if self._loaded is None:
+            self._loaded = super().loaded()
+        return self._loaded
+
+    def spec(self) -> DataSpec:
+        return self.loaded()[2]
+
+    def sizes(self) -> tuple[int, int]:
+        train, val, _ = self.loaded()
+        return len(train), len(val)
 
 
 def _head(ds: TensorDataset, n):
