@@ -4,7 +4,7 @@ filled circles and rectangles on a noisy background; each pixel's class is the s
 class with its own colour, so a pixel's class shows in its colour once the noise is averaged over
 its neighbourhood and in the outline of its shape: learnable by a small UNet in a few hundred
 steps (pixel accuracy far above chance), and every rank and run sees the same samples."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, PositiveInt, confloat, conint
@@ -17,6 +17,7 @@ from suite.data.base import DataOptions
 
 class Shapes(DataOptions):
     name: Literal["shapes"] = "shapes"
+    targets: ClassVar = "masks"
     size: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] = [64, 64]  # height, width
     classes: conint(ge=2) = 3  # background and classes - 1 kinds of shape
     n_train: PositiveInt = 1024

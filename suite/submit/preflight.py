@@ -34,6 +34,7 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
         r.data.check_available()
         check_device(r)
         check_batch_fits_data(r)
+        check_targets(r)
         est = estimate(r)
         check_memory(r, est, node, force)
         line = None if slurm else oversubscription(r.launch, node.cores)
@@ -93,6 +94,20 @@ def check_batch_fits_data(recipe) -> None:
         raise SuiteError(f"training.batch_size={batch} is larger than the training set: {n_train} samples give each "
                          f"of {dp} data-parallel rank(s) {n_train // dp}, fewer than its {batch // dp}; "
                          f"use training.batch_size <= {n_train // dp * dp}")
+
+
+def check_targets(recipe) -> None:
+    """A segmentation model trains against masks (a class id per pixel), every other model against
+    one label per sample (an autoencoder against its input: any data)."""
+    from suite.models import source
+
+    task, targets = recipe.model.task, recipe.data.target_kind()
+    if task == "segmentation" and targets != "masks":
+        raise SuiteError(f"{source(recipe.model)} predicts a class per pixel, but data.name={recipe.data.name} gives "
+                         f"one label per sample; use data.name=shapes or segmentation_folder (or data of (N, H, W) masks)")
+    if targets == "masks" and task in ("classification", "language"):
+        raise SuiteError(f"data.name={recipe.data.name} gives a mask per image (a class id per pixel), but "
+                         f"{source(recipe.model)} predicts one {task} output per sample; use model.name=unet or segnet")
 
 
 def estimate(recipe) -> dict:
