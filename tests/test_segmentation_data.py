@@ -88,7 +88,7 @@ def test_missing_folders_and_unpaired_files(tmp_path):
 
 @pytest.mark.parametrize("problem, options, fragment", [
     ("rgb mask", {}, "has mode RGB; masks must be single-channel PNGs of class ids"),
-    ("mask size", {}, "is 8x6 but its image a.png is 7x5 (width x height)"),
+    ("mask size", {"size": [4, 4]}, "is 8x6 but its image a.png is 7x5 (width x height)"),
     ("id too large", {"classes": 2}, "data.classes=2, but mask"),
     ("sizes differ", {}, "data.size is not set, but the images differ in size"),
     ("crop too large", {"size": [9, 9], "fit": "crop"}, "data.size=[9, 9] with data.fit=crop needs images at least"),
