@@ -19,7 +19,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 PANELS = [("train_loss", "train loss"), ("val_loss", "val loss"), ("train_accuracy", "train accuracy"),
           ("val_accuracy", "val accuracy"), ("epoch_time_s", "training time per epoch (s)"),
-          ("eval_time_s", "evaluation time (s)")]
+          ("eval_time_s", "evaluation time (s)"), ("val_miou", "val mean IoU")]
+OPTIONAL = {"val_miou"}  # drawn only when a run of the experiment has it (segmentation)
 
 
 def rank_train_loss(run, rank: int) -> dict:
@@ -98,17 +99,21 @@ def title_names(experiment: str, groups: dict) -> str:
 def experiment_curves(experiment: str, runs, path: Path) -> Path:
     """Per-epoch panels of one experiment: per configuration (arm) the mean over its repeats with a
     min-max band; thin lines are each rank when the configuration ran once."""
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    panels = [p for p in PANELS if p[0] not in OPTIONAL or any(series(run, p[0])[0] for run in runs)]
+    columns = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(2, columns, figsize=(13 * columns / 3, 7))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     groups = by_label(runs)
     for n, (label, members) in enumerate(groups.items()):
         colour = f"C{n % 10}"
-        for ax, (key, _) in zip(axes.flat, PANELS):
+        for ax, (key, _) in zip(axes.flat, panels):
             averaged = [series(run, key) for run in members]
             if len(members) == 1:
                 for p in averaged[0][1]:
                     ax.plot([e + 1 for e in sorted(p)], [p[e] for e in sorted(p)], color=colour, lw=0.8, alpha=0.4)
             plot_repeats(ax, [avg for avg, _ in averaged], colour, label, x_offset=1, marker="o")
-    for ax, (_, title) in zip(axes.flat, PANELS):
+    for ax, (_, title) in zip(axes.flat, panels):
         decorate(ax, title, "epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(f"{title_names(experiment, groups)}\nthick = mean over repeats (band: min-max of repeats), "

@@ -31,7 +31,7 @@ THROUGHPUT = {"experiment": "experiment", "arm": "arm", "strategy_shown": "strat
 TARGET = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size", "run_id": "run",
           "metric": "metric", "target": "target", "reached": "reached", "epochs": "epochs", "time_s": "time (s)"}
 VERDICT = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size",
-           "accuracy": "accuracy", "loss": "loss", "time": "time per epoch"}
+           "accuracy": "accuracy", "loss": "loss", "time": "time per epoch", "miou": "mean IoU"}
 COST = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
         "devices": "devices", "wall_time_s": "wall time (s)", "device_hours": "device-hours",
         "price_per_device_hour": "price / device-hour", "cost": "cost", "currency": "currency"}

@@ -23,14 +23,15 @@ BASELINE = "single"
 
 # metric: (better when, noise floor kind, floor)
 NOISE = {"accuracy": ("higher", "absolute", 0.005), "loss": ("lower", "relative", 0.01),
-         "time": ("lower", "relative", 0.05)}
+         "time": ("lower", "relative", 0.05), "miou": ("higher", "absolute", 0.005)}
 NOISE_RULE = (
     "A configuration is 'unchanged' on a metric when |its mean - the baseline's mean| <= the noise "
-    "band, else 'better' or 'worse' (accuracy: higher is better; loss and time: lower is better). "
+    "band, else 'better' or 'worse' (accuracy, mean IoU: higher is better; loss and time: lower is better). "
     "Noise band = max(floor, 2 x the standard error of the difference of means); the standard error "
-    "counts only when both sides have >= 2 repeats. Floors: accuracy 0.005 absolute, loss 1% of the "
-    "baseline, time per epoch 5% of the baseline. Metrics: final val accuracy and val loss (train "
-    "ones when a run has no evaluation), mean training time per epoch.")
+    "counts only when both sides have >= 2 repeats. Floors: accuracy and mean IoU 0.005 absolute, loss 1% "
+    "of the baseline, time per epoch 5% of the baseline. Metrics: final val accuracy and val loss (train "
+    "ones when a run has no evaluation), val mean IoU (segmentation; n/a otherwise), mean training "
+    "time per epoch.")
 
 
 @dataclass

@@ -40,7 +40,7 @@ class Axis:
 class ModelInfo:
     """What a strategy's recipe-time checks may know of the model."""
     name: str  # recipe model.name
-    task: str  # classification | reconstruction | language
+    task: str  # classification | reconstruction | language | segmentation
     source: str  # where it comes from, for messages: "model.name=mlp" or "model.target=pkg:fn"
     build_meta: Callable[[], Any]  # the model on the meta device: shapes, no memory
 

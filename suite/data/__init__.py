@@ -34,7 +34,7 @@ class DataSpec:
     tokens_per_sample: int | None = None  # sequence data: tokens one sample trains on (tokens/s)
 
 
-_MODULES = ["synthetic", "digits", "vision", "tokens", "custom"]
+_MODULES = ["synthetic", "digits", "vision", "tokens", "shapes", "segmentation_folder", "custom"]
 DATASETS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.data.{_m}")

@@ -1,10 +1,10 @@
 """What every data set's recipe options share, and the one way data is loaded: the factory called
 with the options' keyword arguments, its result checked (contract: ``suite/data/__init__.py``)."""
 import importlib
-from typing import Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, PositiveInt
+from pydantic import BaseModel, ConfigDict, PositiveInt, PrivateAttr
 from torch.utils.data import DataLoader, TensorDataset
 
 from suite.data import DataSpec
@@ -15,8 +15,15 @@ _LIMITS = ("name", "limit_train", "limit_val")  # applied by the suite, not pass
 
 class DataOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # What a sample's target is: "labels" (a class id, or next tokens) or "masks" (a class id per
+    # pixel, H x W: segmentation); checked against the model's task before launch.
+    targets: ClassVar[Literal["labels", "masks"]] = "labels"
     limit_train: Optional[PositiveInt] = None  # use only the first N training samples
     limit_val: Optional[PositiveInt] = None
+
+    def target_kind(self) -> str:
+        """``targets``; a data set known only from its tensors (custom) tells from their shapes."""
+        return self.targets
 
     def factory(self):
         """What loads this data set: called as ``factory(**self.factory_kwargs())``; a built-in's is
@@ -63,6 +70,29 @@ class DataOptions(BaseModel):
 
     def limited(self, train: TensorDataset, val: TensorDataset):
         return _head(train, self.limit_train), _head(val, self.limit_val)
+
+
+class LoadedOnce(DataOptions):
+    """A data set whose spec and sizes are known only from its data: the factory runs once per
+    process (the submitter's checks, or a rank) and its result is kept on these options."""
+    _loaded = PrivateAttr(default=None)
+
+    def loaded(self):
+        if self._loaded is None:
+            self._loaded = super().loaded()
+        return self._loaded
+
+    def spec(self) -> DataSpec:
+        return self.loaded()[2]
+
+    def sizes(self) -> tuple[int, int]:
+        train, val, _ = self.loaded()
+        return len(train), len(val)
+
+    def target_kind(self) -> str:
+        inputs, targets = self.loaded()[0].tensors
+        masks = inputs.ndim == 4 and targets.ndim == 3 and targets.shape[1:] == inputs.shape[2:]
+        return "masks" if masks else "labels"
 
 
 def _head(ds: TensorDataset, n):

@@ -7,29 +7,13 @@ it returns, so the submitter calls it once before launch (cached on these option
 calls it again to train."""
 from typing import ClassVar, Literal
 
-from pydantic import PrivateAttr
-
-from suite.data import DataSpec
-from suite.data.base import DataOptions
+from suite.data.base import LoadedOnce
 from suite.factories import TargetOptions
 
 
-class Custom(TargetOptions, DataOptions):
+class Custom(TargetOptions, LoadedOnce):
     name: Literal["custom"] = "custom"
     section: ClassVar = "data"
-    _loaded = PrivateAttr(default=None)
-
-    def loaded(self):
-        if self._loaded is None:
-            self._loaded = super().loaded()
-        return self._loaded
-
-    def spec(self) -> DataSpec:
-        return self.loaded()[2]
-
-    def sizes(self) -> tuple[int, int]:
-        train, val, _ = self.loaded()
-        return len(train), len(val)
 
 
 OPTIONS = [Custom]

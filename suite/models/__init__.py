@@ -7,11 +7,13 @@ One contract for every model, built-in or the user's (``docs/plugins.md``):
   (a built-in's fields but ``name``; a custom model's ``model.kwargs``).
 - It returns an ``nn.Module``. Strategies that cut the model (pipeline, layer_split, ds_pipeline,
   fairscale_pipe) need an ``nn.Sequential`` of coarse blocks, cut between its top-level children;
-  every built-in is one.
+  every built-in is one but unet and segnet, whose skip connections no cut between blocks carries
+  (their ``not_splittable_because`` says why, in the refusal: ``strategies/splitting.py``).
 - The suite seeds torch (``training.seed``) right before the call, so every rank and the
   single-process baseline build the same weights; the factory must not reseed.
 - What the output trains against is the options' ``task``: classification (cross-entropy on the
-  targets, accuracy), reconstruction (MSE against the input) or language (next-token cross-entropy);
+  targets, accuracy), reconstruction (MSE against the input), language (next-token cross-entropy)
+  or segmentation (per-pixel cross-entropy against integer masks, pixel accuracy, mean IoU);
   a custom model declares it as ``model.task`` (default classification).
 
 A built-in is a module here with ``OPTIONS`` (pydantic classes whose ``name`` is a Literal) and
@@ -27,7 +29,7 @@ from torch import nn
 from suite.data import DataSpec
 from suite.errors import SuiteError
 
-_MODULES = ["mlp", "cnn", "vgg", "autoencoder", "transformer", "custom"]
+_MODULES = ["mlp", "cnn", "vgg", "autoencoder", "transformer", "unet", "segnet", "custom"]
 MODELS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.models.{_m}")

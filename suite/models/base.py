@@ -7,8 +7,9 @@ from pydantic import BaseModel, ConfigDict
 class ModelOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # What the model's output is compared with: "classification" (targets, cross-entropy,
-    # accuracy), "reconstruction" (the input itself, MSE) or "language" (next tokens).
-    task: ClassVar[Literal["classification", "reconstruction", "language"]] = "classification"
+    # accuracy), "reconstruction" (the input itself, MSE) or "language" (next tokens)
+    # or "segmentation" (a class map (batch, classes, H, W) against masks (batch, H, W)).
+    task: ClassVar[Literal["classification", "reconstruction", "language", "segmentation"]] = "classification"
     # The inputs the model takes, checked against the data before it is built (models.check_fits):
     # "features" (float, any shape), "images" (float channels x height x width), "tokens" (int64
     # ids), or None: the model's build checks for itself.

@@ -17,7 +17,7 @@ with warnings.catch_warnings():
         name: Literal["custom"] = "custom"
         section: ClassVar = "model"
         fixed_args: ClassVar = ("spec",)
-        task: Literal["classification", "reconstruction", "language"] = "classification"
+        task: Literal["classification", "reconstruction", "language", "segmentation"] = "classification"
 
 
 OPTIONS = [Custom]

@@ -1,37 +1,66 @@
-"""What a model's output is scored against: the loss and, where it applies, accuracy."""
+"""What a model's output is scored against: the loss and, where it applies, accuracy (and, for
+segmentation, the per-class sums mean IoU is computed from)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from suite.record import metrics
+
 
 class Task:
     has_accuracy = True
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, num_classes: int = 0):
         self.kind = kind
         self.has_accuracy = kind != "reconstruction"
+        self.num_classes = num_classes  # segmentation: classes of the masks (per-class IoU sums)
+
+    @property
+    def eval_size(self) -> int:
+        """Length of the vector ``evaluate`` returns (every rank must reduce the same shape)."""
+        return 3 + (2 * self.num_classes if self.kind == "segmentation" else 0)
 
     def loss(self, output, inputs, targets) -> torch.Tensor:
         if self.kind == "reconstruction":
             return F.mse_loss(output.float(), inputs)
         if self.kind == "language":
             return F.cross_entropy(output.float().flatten(0, 1), targets.flatten())
+        # classification: (batch, classes) vs (batch,); segmentation: (batch, classes, H, W) vs
+        # (batch, H, W), the mean over every pixel.
         return F.cross_entropy(output.float(), targets)
+
+    def predicted(self, output) -> torch.Tensor:
+        """Class ids: the argmax over the class dimension (dim 1 for segmentation maps)."""
+        return output.argmax(1 if self.kind == "segmentation" else -1)
 
     @torch.no_grad()
     def correct(self, output, targets) -> torch.Tensor:
         if not self.has_accuracy:
             return torch.zeros((), device=output.device)
-        right = (output.argmax(-1) == targets).float()
-        # Language: each sequence counts as one sample scored by its fraction of right tokens,
-        # so correct / samples is token accuracy both in training steps and in evaluation.
-        return right.flatten(1).mean(1).sum() if self.kind == "language" else right.sum()
+        right = (self.predicted(output) == targets).float()
+        # Language and segmentation: each sample counts as one, scored by its fraction of right
+        # tokens / pixels, so correct / samples is token / pixel accuracy in training steps and in
+        # evaluation alike (samples of one run have equally many pixels).
+        return right.flatten(1).mean(1).sum() if self.kind in ("language", "segmentation") else right.sum()
 
     @torch.no_grad()
     def evaluate(self, output, inputs, targets) -> torch.Tensor:
-        """[loss_sum, correct, count], summed so that ranks can add theirs."""
+        """[loss_sum, correct, count] (segmentation: then each class's intersection and union
+        pixel counts), summed so that ranks can add theirs."""
         count = len(inputs)
         loss_sum = self.loss(output, inputs, targets).float() * count
         count_t = torch.tensor(float(count), device=output.device)
-        return torch.stack([loss_sum, self.correct(output, targets), count_t])
+        sums = torch.stack([loss_sum, self.correct(output, targets), count_t])
+        if self.kind != "segmentation":
+            return sums
+        # Pixel counts pass 2**24 (float32's exact integers) within a few hundred images: float64.
+        inter, union = metrics.intersection_union(self.predicted(output), targets, self.num_classes)
+        return torch.cat([sums.double(), inter.double(), union.double()])
+
+    def eval_results(self, sums: list[float]) -> dict:
+        """What evaluation adds beyond val_loss / val_accuracy, from the reduced ``evaluate`` sums."""
+        if self.kind != "segmentation":
+            return {}
+        c = self.num_classes
+        return {"val_miou": metrics.mean_iou(sums[3:3 + c], sums[3 + c:3 + 2 * c])}

@@ -11,6 +11,14 @@
   neighbours): 1 - busy_s / wall_s, per rank; compare with (stages-1)/(micro_batches+stages-1).
 - held_bytes: exact bytes (numel x element size) of the parameters, gradients and optimizer
   state tensors the rank holds; for sharded tensors, only the local shard.
+Evaluation (epoch records val_*, summary.json ``final``; suite.models.task):
+- val_loss: the task's loss, sample-weighted mean over the whole validation set (all ranks).
+- val_accuracy: right predictions / samples; for segmentation, pixel accuracy (each image scored
+  by its fraction of right pixels; images of a run have equally many pixels).
+- val_miou (segmentation): mean intersection over union. Per class c, intersection = pixels
+  predicted c and labelled c, union = pixels predicted c or labelled c, each summed over the
+  whole validation set and all ranks first; IoU_c = intersection / union, averaged over the
+  classes present (union > 0: labelled or predicted somewhere), as mmsegmentation's nan-mean does.
 Per rank (summary.json ``ranks``; suite.record.tracking, suite.record.utilisation):
 - samples_per_s (per rank): samples of the rank's data shard / the rank's training wall time.
 - cpu_percent_{mean,peak}: the rank's process CPU % (100 = one core) sampled every
@@ -95,6 +103,21 @@ def rate(amount: float, seconds: float) -> float | None:
 def mfu(achieved_flops_per_s: float, peak_flops_per_s: float, devices: int) -> float:
     """Model FLOPs utilisation: achieved / (peak per device x devices), a fraction."""
     return achieved_flops_per_s / (peak_flops_per_s * devices)
+
+
+def intersection_union(predicted: torch.Tensor, target: torch.Tensor, classes: int):
+    """Per-class pixel counts (intersection, union), int64 tensors of length ``classes``."""
+    predicted, target = predicted.flatten(), target.flatten()
+    inter = torch.bincount(target[predicted == target], minlength=classes)[:classes]
+    union = (torch.bincount(predicted, minlength=classes)[:classes]
+             + torch.bincount(target, minlength=classes)[:classes] - inter)
+    return inter, union
+
+
+def mean_iou(intersection, union) -> float | None:
+    """val_miou from per-class sums (see the module docstring); None when no class is present."""
+    ious = [i / u for i, u in zip(intersection, union) if u > 0]
+    return sum(ious) / len(ious) if ious else None
 
 
 def median(values) -> float | None:

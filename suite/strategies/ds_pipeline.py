@@ -113,7 +113,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):
-        self._eval_sums = torch.zeros(3, device=inputs.device)
+        self._eval_sums = torch.zeros(self.setup.task.eval_size, dtype=torch.float64, device=inputs.device)
         try:
             self.ds.eval_batch(self._batches(inputs, targets, 1), num_micro_batches=1, bcast_loss=False)
             return self._eval_sums if self.last_stage else None

@@ -93,7 +93,11 @@ def meta_model(model, strategy: str) -> nn.Sequential:
 
 def check_sequential(model: nn.Module, strategy: str, source: str) -> None:
     """Every splitting strategy cuts between the top-level blocks of an ``nn.Sequential``: the
-    order of those blocks is the forward pass, which any other module's children need not be."""
+    order of those blocks is the forward pass, which any other module's children need not be.
+    A model that knows why it cannot be cut (skip connections: ``not_splittable_because``) says so."""
+    why = getattr(model, "not_splittable_because", None)
+    if why:
+        raise SuiteError(f"{strategy} cannot split {source}: {why}; use ddp, fsdp or zero")
     if not isinstance(model, nn.Sequential):
         raise SuiteError(f"{strategy} splits the model between top-level blocks of an nn.Sequential; "
                          f"{source} returns {type(model).__name__}; return an nn.Sequential of blocks, "

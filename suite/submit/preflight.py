@@ -34,6 +34,7 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
         r.data.check_available()
         check_device(r)
         check_batch_fits_data(r)
+        check_targets(r)
         est = estimate(r)
         check_memory(r, est, node, force)
         line = None if slurm else oversubscription(r.launch, node.cores)
@@ -95,6 +96,20 @@ def check_batch_fits_data(recipe) -> None:
                          f"use training.batch_size <= {n_train // dp * dp}")
 
 
+def check_targets(recipe) -> None:
+    """A segmentation model trains against masks (a class id per pixel), every other model against
+    one label per sample (an autoencoder against its input: any data)."""
+    from suite.models import source
+
+    task, targets = recipe.model.task, recipe.data.target_kind()
+    if task == "segmentation" and targets != "masks":
+        raise SuiteError(f"{source(recipe.model)} predicts a class per pixel, but data.name={recipe.data.name} gives "
+                         f"one label per sample; use data.name=shapes or segmentation_folder (or data of (N, H, W) masks)")
+    if targets == "masks" and task in ("classification", "language"):
+        raise SuiteError(f"data.name={recipe.data.name} gives a mask per image (a class id per pixel), but "
+                         f"{source(recipe.model)} predicts one {task} output per sample; use model.name=unet or segnet")
+
+
 def estimate(recipe) -> dict:
     """``suite.estimate.predicted_held_bytes`` (the model built on the meta device) plus the data's
     bytes; a model that cannot be built for this data is a SuiteError naming both."""
@@ -110,8 +125,10 @@ def estimate(recipe) -> dict:
     sizes = recipe.data.sizes()
     spec = recipe.data.spec()
     element = 8 if spec.input_dtype == "int64" else 4
-    # Every rank loads the whole data set (inputs and int64 targets) before taking its shard.
-    est["data_bytes"] = sum(sizes) * (math.prod(spec.input_shape) * element + 8) if sizes else 0
+    # Every rank loads the whole data set (inputs and int64 targets: a class id per pixel for
+    # segmentation) before taking its shard.
+    target = math.prod(spec.input_shape[1:]) if recipe.model.task == "segmentation" else 1
+    est["data_bytes"] = sum(sizes) * (math.prod(spec.input_shape) * element + 8 * target) if sizes else 0
     return est
 
 

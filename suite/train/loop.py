@@ -171,17 +171,19 @@ class StepLoop:
     def _evaluate(self, loader) -> dict:
         ctx = self.ctx
         with metrics.Stopwatch(ctx) as watch:
-            sums = torch.zeros(3, device=ctx.device)
+            # float64: segmentation adds per-class pixel counts (Task.evaluate), beyond float32's exact range.
+            sums = torch.zeros(self.task.eval_size, dtype=torch.float64, device=ctx.device)
             for inputs, targets in loader:
                 part = self.engine.eval_step(inputs.to(ctx.device), targets.to(ctx.device))
                 if part is not None:
                     sums += part
             if ctx.world_size > 1:
                 dist.all_reduce(sums)
-        loss_sum, correct, count = sums.tolist()
+        loss_sum, correct, count = sums.tolist()[:3]
         out = {"val_loss": loss_sum / count if count else None, "eval_time_s": watch.elapsed_s}
         if self.task.has_accuracy and count:
             out["val_accuracy"] = correct / count
+        out.update(self.task.eval_results(sums.tolist()))
         return out
 
 

@@ -96,7 +96,7 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
         return cls(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
 
     return Setup(ctx=ctx, build_model=model_factory, make_optimizer=make_optimizer,
-                 task=Task(recipe.model.task), plan=recipe.plan(),
+                 task=Task(recipe.model.task, spec.num_classes), plan=recipe.plan(),
                  activation_checkpointing=tr.activation_checkpointing, compile=tr.compile, seed=tr.seed,
                  run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
@@ -123,8 +123,11 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     if len(loader) == 0:
         raise SuiteError(f"training.batch_size={tr.batch_size} is larger than the training set "
                          f"({len(train_set)} samples); lower it")
+    # Larger evaluation batches are cheap for one output per sample; a segmentation map per pixel
+    # (a UNet's activations at full resolution) is not: it evaluates at the training batch.
+    eval_batch = per_rank_batch if setup.task.kind == "segmentation" else max(per_rank_batch, 256)
     val_loader = DataLoader(Subset(val_set, range(engine.dp_rank, len(val_set), engine.dp_size)),
-                            batch_size=max(per_rank_batch, 256))
+                            batch_size=eval_batch)
     total_steps = tr.epochs * len(loader)
     if tr.max_steps:
         total_steps = min(total_steps, tr.max_steps)
@@ -187,7 +190,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "epoch_time_s": [e["epoch_time_s"] for e in epochs],
         "eval_time_s": evals,
         "train_time_s": loop.train_time_s,
-        "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")
+        "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "val_miou")
                   if last.get(k) is not None},
         "ranks": ranks,
         "started_at": loop.attempts[0]["started_at"],
