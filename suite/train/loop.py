@@ -174,6 +174,8 @@ class StepLoop:
         out = {"val_loss": loss_sum / count if count else None, "eval_time_s": watch.elapsed_s}
         if self.task.has_accuracy and count:
             out["val_accuracy"] = correct / count
+        if self.task.has_perplexity and count:
+            out["val_perplexity"] = metrics.perplexity(out["val_loss"])
         return out
 
 
