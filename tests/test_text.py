@@ -219,3 +219,13 @@ def test_seq2seq_in_two_pipeline_stages_matches_one_process(baselines, tmp_path)
     recipe = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, world_size=2, **REVERSE,
                          training=PARITY)
     assert_matches(step_losses(recipe, tmp_path), baselines["seq2seq"])
+
+
+def test_the_comparison_catches_ddp_ranks_drawing_their_own_dropout_masks(tmp_path):
+    """Why the data-parallel runs above use dropout 0: with 0.5 each rank draws its masks for its
+    half of the batch, the losses leave the baseline's (measured: 3e-3 by step 6), and the check fails."""
+    sections = {**REVERSE, "model": {**REVERSE["model"], "dropout": 0.5}}
+    baseline = step_losses(make_recipe({"name": "single"}, **sections, training=PARITY), tmp_path / "single")
+    losses = step_losses(make_recipe({"name": "ddp"}, world_size=2, **sections, training=PARITY), tmp_path / "ddp")
+    with pytest.raises(AssertionError, match="differ from the baseline"):
+        assert_matches(losses, baseline)
