@@ -6,7 +6,8 @@
 - It returns ``(train, val)`` or ``(train, val, spec)``: each set a ``TensorDataset(inputs, targets)``
   (or that pair of tensors), inputs float32 (or int64 token ids), ``spec`` a ``DataSpec``. Without a
   spec the suite derives it from the tensors: input shape and dtype, classes = largest integer
-  target + 1, tokens per sample = sequence length for int64 sequences.
+  target + 1, tokens per sample = sequence length for int64 sequences, input vocabulary = largest
+  input id + 1 for int64 inputs.
 - It runs with torch's global generator seeded to 0 (and restored after), so every call, in the
   submitter or in any rank, gives the same data; a factory that draws from its own seeded
   generator does not depend on that.
@@ -23,6 +24,10 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+# A target that is not scored (e.g. padding after a sentence's end): what cross_entropy ignores by
+# default. The language task skips such tokens in its loss, accuracy and perplexity.
+IGNORE = -100
+
 
 @dataclass(frozen=True)
 class DataSpec:
@@ -32,9 +37,12 @@ class DataSpec:
     num_classes: int
     input_dtype: str = "float32"  # "int64" for token ids
     tokens_per_sample: int | None = None  # sequence data: tokens one sample trains on (tokens/s)
+    # Token inputs: how many ids they draw from (an embedding's rows) when that is not num_classes,
+    # e.g. a text classifier's vocabulary, or a translation model's source language.
+    input_vocab: int | None = None
 
 
-_MODULES = ["synthetic", "digits", "vision", "tokens", "shapes", "segmentation_folder", "custom"]
+_MODULES = ["synthetic", "digits", "vision", "tokens", "shapes", "segmentation_folder", "text", "text_synthetic", "custom"]
 DATASETS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.data.{_m}")

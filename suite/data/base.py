@@ -136,14 +136,16 @@ def _tensors(part, source: str, which: str, fix: str) -> TensorDataset:
 
 def derive_spec(name: str, train: TensorDataset, val: TensorDataset) -> DataSpec:
     """The spec the tensors imply: inputs' shape and dtype, classes = largest integer target + 1
-    (0 for float targets), tokens per sample = sequence length for int64 sequences."""
+    (0 for float targets), tokens per sample = sequence length for int64 sequences, input
+    vocabulary = largest input id + 1 for int64 inputs."""
     inputs = train.tensors[0]
     targets = [ds.tensors[1] for ds in (train, val)]
     integer = not any(t.is_floating_point() or t.is_complex() for t in targets)
     classes = int(max(t.max() for t in targets)) + 1 if integer else 0
     dtype = str(inputs.dtype).removeprefix("torch.")
     tokens = inputs.shape[1] if dtype == "int64" and inputs.ndim == 2 else None
-    return DataSpec(name, tuple(inputs.shape[1:]), classes, dtype, tokens)
+    input_vocab = int(max(ds.tensors[0].max() for ds in (train, val))) + 1 if dtype == "int64" else None
+    return DataSpec(name, tuple(inputs.shape[1:]), classes, dtype, tokens, input_vocab)
 
 
 def _kind(obj) -> str:

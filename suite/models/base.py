@@ -3,6 +3,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from suite.errors import SuiteError
+
 
 class ModelOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -23,3 +25,15 @@ class ModelOptions(BaseModel):
 
     def factory_kwargs(self) -> dict:
         return {k: getattr(self, k) for k in type(self).model_fields if k != "name"}
+
+
+def input_vocab(spec, vocab: int | None, model: str) -> int:
+    """Embedding rows for the data's token ids: the recipe's ``model.vocab`` or the data's."""
+    rows = vocab or spec.input_vocab
+    if rows is None:
+        raise SuiteError(f"model.name={model} needs the size of the vocabulary, which data.name={spec.name} does "
+                         f"not give; set model.vocab, or return a DataSpec with input_vocab")
+    if spec.input_vocab and rows < spec.input_vocab:
+        raise SuiteError(f"model.vocab={vocab} must be at least the data's input vocabulary ({spec.input_vocab}); "
+                         f"leave it unset to take the data's")
+    return rows

@@ -1,10 +1,11 @@
 """What a model's output is scored against: the loss and, where it applies, accuracy (and, for
-segmentation, the per-class sums mean IoU is computed from)."""
+segmentation, the per-class sums mean IoU is computed from; for language, perplexity)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from suite.data import IGNORE
 from suite.record import metrics
 
 
@@ -25,7 +26,12 @@ class Task:
         if self.kind == "reconstruction":
             return F.mse_loss(output.float(), inputs)
         if self.kind == "language":
-            return F.cross_entropy(output.float().flatten(0, 1), targets.flatten())
+            # Each sequence weighs the same: the mean over sequences of each one's mean token loss.
+            # A mean over samples is what data-parallel ranks can average (equal shards) and
+            # pipelines split into micro-batches exactly; a mean over the batch's scored tokens
+            # would weigh each rank's tokens by its own count and train unlike one process.
+            losses, scored = _token_losses(output, targets)
+            return (losses.sum(1) / scored.sum(1).clamp(min=1)).mean()
         # classification: (batch, classes) vs (batch,); segmentation: (batch, classes, H, W) vs
         # (batch, H, W), the mean over every pixel.
         return F.cross_entropy(output.float(), targets)
@@ -39,15 +45,25 @@ class Task:
         if not self.has_accuracy:
             return torch.zeros((), device=output.device)
         right = (self.predicted(output) == targets).float()
-        # Language and segmentation: each sample counts as one, scored by its fraction of right
-        # tokens / pixels, so correct / samples is token / pixel accuracy in training steps and in
-        # evaluation alike (samples of one run have equally many pixels).
-        return right.flatten(1).mean(1).sum() if self.kind in ("language", "segmentation") else right.sum()
+        if self.kind == "language":
+            # Each sequence counts as one sample scored by its fraction of right scored tokens
+            # (targets IGNORE are not scored), as in the training loss.
+            scored = (targets != IGNORE).float()
+            return ((right * scored).flatten(1).sum(1) / scored.flatten(1).sum(1).clamp(min=1)).sum()
+        # Segmentation: each sample counts as one, scored by its fraction of right pixels, so
+        # correct / samples is pixel accuracy in training steps and in evaluation alike.
+        return right.flatten(1).mean(1).sum() if self.kind == "segmentation" else right.sum()
 
     @torch.no_grad()
     def evaluate(self, output, inputs, targets) -> torch.Tensor:
         """[loss_sum, correct, count] (segmentation: then each class's intersection and union
-        pixel counts), summed so that ranks can add theirs."""
+        pixel counts), summed so that ranks can add theirs. Language counts scored tokens: the
+        loss is then the mean token loss over the whole set (its exp the perplexity) and the
+        accuracy token accuracy, whatever the batches and sequence lengths."""
+        if self.kind == "language":
+            losses, scored = _token_losses(output, targets)
+            right = (output.argmax(-1) == targets).float() * scored
+            return torch.stack([losses.sum(), right.sum(), scored.sum()])
         count = len(inputs)
         loss_sum = self.loss(output, inputs, targets).float() * count
         count_t = torch.tensor(float(count), device=output.device)
@@ -60,7 +76,16 @@ class Task:
 
     def eval_results(self, sums: list[float]) -> dict:
         """What evaluation adds beyond val_loss / val_accuracy, from the reduced ``evaluate`` sums."""
+        loss_sum, _, count = sums[:3]
+        if self.kind == "language" and count:
+            return {"val_perplexity": metrics.perplexity(loss_sum / count)}
         if self.kind != "segmentation":
             return {}
         c = self.num_classes
         return {"val_miou": metrics.mean_iou(sums[3:3 + c], sums[3 + c:3 + 2 * c])}
+
+
+def _token_losses(output, targets):
+    """(per-token losses, 1.0 where scored), both (batch, length); unscored tokens lose 0."""
+    losses = F.cross_entropy(output.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    return losses.view(targets.shape), (targets != IGNORE).float()

@@ -9,6 +9,8 @@
   peak resident set size (which includes the Python runtime and libraries).
 - bubble_fraction: share of a pipeline stage's schedule wall time spent not computing (waiting for
   neighbours): 1 - busy_s / wall_s, per rank; compare with (stages-1)/(micro_batches+stages-1).
+- val_perplexity (language models): exp of the mean loss per scored token over the whole validation
+  set (val_loss of a language model is that mean: padding not counted, sequences weighted by length).
 - held_bytes: exact bytes (numel x element size) of the parameters, gradients and optimizer
   state tensors the rank holds; for sharded tensors, only the local shard.
 Evaluation (epoch records val_*, summary.json ``final``; suite.models.task):
@@ -38,6 +40,7 @@ Per run (suite.record.flops):
 """
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 import time
@@ -88,6 +91,11 @@ def tokens_per_s(samples: int, seconds: float, tokens_per_sample: int | None) ->
     if not tokens_per_sample or not seconds:
         return None
     return samples * tokens_per_sample / seconds
+
+
+def perplexity(mean_token_loss: float) -> float:
+    """exp of the mean token loss (nats); inf where that overflows."""
+    return math.exp(mean_token_loss) if mean_token_loss < 700 else math.inf
 
 
 def bubble_fraction(busy_s: float, wall_s: float) -> float:

@@ -334,7 +334,7 @@ def job_line(recipe) -> str:
 
 def epoch_line(rec: dict, epochs: int) -> str:
     parts = [f"epoch {rec['epoch'] + 1}/{epochs}", f"train_loss {rec['train_loss']:.4f}"]
-    for key in ("val_loss", "val_accuracy", "val_miou"):
+    for key in ("val_loss", "val_accuracy", "val_miou", "val_perplexity"):
         if rec.get(key) is not None:
             parts.append(f"{key} {rec[key]:.4f}")
     parts.append(f"{rec['epoch_time_s']:.2f} s")

@@ -190,7 +190,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "epoch_time_s": [e["epoch_time_s"] for e in epochs],
         "eval_time_s": evals,
         "train_time_s": loop.train_time_s,
-        "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "val_miou")
+        "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "val_miou", "val_perplexity")
                   if last.get(k) is not None},
         "ranks": ranks,
         "started_at": loop.attempts[0]["started_at"],
