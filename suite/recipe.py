@@ -50,6 +50,8 @@ class Training(Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     activation_checkpointing: bool = False  # recompute each top-level block's activations in backward
     compile: bool = False  # torch.compile each top-level block (needs a C++ compiler on CPU)
+    # Batch norm over the global batch under data parallelism, as single computes it (else per rank)
+    sync_batchnorm: bool = True
     eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
     log_every_steps: PositiveInt = 10
     checkpoint_every_steps: NonNegativeInt = 0  # 0: only when preempted or timed out
