@@ -94,6 +94,15 @@ class Plan:
             index = index * self.axes[name] + coords[name]
         return index
 
+    def dp_groups(self) -> list[list[int]]:
+        """The ranks grouped into data-parallel peers: ranks that differ only along the data
+        axes (they hold the same part of the model and read different samples)."""
+        groups: dict[tuple, list[int]] = {}
+        for rank in range(self.world_size):
+            coords = self.coordinates(rank)
+            groups.setdefault(tuple(v for k, v in coords.items() if k not in self.data_axes), []).append(rank)
+        return list(groups.values())
+
     def device_mesh(self, ctx, *names: str):
         """A DeviceMesh over all ranks with the named axes (default: all); the ones left out
         must have degree 1."""

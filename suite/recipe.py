@@ -52,6 +52,8 @@ class Training(Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     activation_checkpointing: bool = False  # recompute each top-level block's activations in backward
     compile: bool = False  # torch.compile each top-level block (needs a C++ compiler on CPU)
+    # Batch norm over the global batch under data parallelism, as single computes it (else per rank)
+    sync_batchnorm: bool = True
     eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
     log_every_steps: PositiveInt = 10
     checkpoint_every_steps: NonNegativeInt = 0  # 0: only when preempted or timed out
@@ -92,7 +94,10 @@ class Tracking(Strict):
 
 # Keys added after runs had been recorded: left out of the fingerprint at their defaults, so that a
 # recipe not using them keeps the fingerprint its earlier runs have (analysis groups repeats by it).
-_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"))
+# training.sync_batchnorm too: it changes nothing for a model without batch norm (every recipe
+# before it came); runs of a batch-norm model under data parallelism recorded before it normalised
+# per rank, and would now group with synced runs.
+_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"))
 
 
 class Recipe(Strict):

@@ -6,7 +6,9 @@ from suite.errors import SuiteError
 from suite.models import MODELS, build
 
 
-@pytest.mark.parametrize("name, options", [("mlp", {}), ("cnn", {}), ("vgg11", {"width": 0.125}), ("autoencoder", {})])
+@pytest.mark.parametrize("name, options", [("mlp", {}), ("mlp", {"dropout": 0.2}), ("cnn", {}), ("vgg11", {"width": 0.125}),
+                                           ("resnet18", {"width": 0.125}), ("mobilenet_v2", {"width": 0.25}),
+                                           ("autoencoder", {})])
 def test_every_model_is_a_sequential_of_blocks_with_the_right_output(name, options):
     spec = DataSpec("synthetic", (3, 32, 32), 7)
     model = build(MODELS[name][0](**options), spec)

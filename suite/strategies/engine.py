@@ -35,6 +35,7 @@ class Setup:
     plan: Plan  # mesh axes, data-parallel size, batch per rank, accumulation steps, pipeline chunks
     activation_checkpointing: bool = False  # training.activation_checkpointing (see prepare)
     compile: bool = False  # training.compile (see prepare)
+    sync_batchnorm: bool = False  # training.sync_batchnorm (see prepare)
     seed: int = 0
     run_dir: Optional[str] = None
     model_name: str = ""  # recipe model.name: strategies with per-model plans (tensor) look it up
@@ -44,10 +45,24 @@ class Setup:
         return self.plan.precision
 
     def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Activation checkpointing and compile, applied in place; every strategy calls this on
-        the module it is about to wrap (``suite.strategies.prepare`` says where)."""
+        """Synced batch norm, activation checkpointing and compile, applied in place; every
+        strategy calls this on the module it is about to wrap (``suite.strategies.prepare``
+        says where)."""
         return prepare.prepare(module, activation_checkpointing=self.activation_checkpointing,
-                               compile=self.compile, device=self.ctx.device)
+                               compile=self.compile, device=self.ctx.device,
+                               batchnorm_group=self.batchnorm_group())
+
+    def batchnorm_group(self):
+        """The group batch norm computes its statistics over: this rank's data-parallel peers
+        with ``sync_batchnorm`` and more than one of them, else None (per rank). Decided from
+        the plan alone, never from the module: creating a group is collective, and a pipeline
+        stage without batch norm must create it as the others do. Created once per Setup."""
+        if not (self.sync_batchnorm and self.plan.dp_size > 1):
+            return None
+        if not hasattr(self, "_batchnorm_group"):
+            from suite.strategies.batchnorm import data_parallel_group
+            self._batchnorm_group = data_parallel_group(self.plan, self.ctx.rank)
+        return self._batchnorm_group
 
     def autocast(self):
         return prepare.autocast(self.plan.precision, self.ctx.device)

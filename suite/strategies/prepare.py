@@ -17,6 +17,12 @@ Both act per top-level block with parameters (a transformer block, an MLP layer)
 torchtitan, and leave parameter names and ``state_dict`` keys unchanged, so checkpoints load
 either way: checkpointing replaces the block's ``forward`` on the instance, compiling uses
 ``nn.Module.compile`` (in place; ``torch.compile(module)`` would prefix every key with ``_orig_mod.``).
+
+``training.sync_batchnorm`` (default true) comes first: with more than one data-parallel rank,
+every batch-norm layer computes its statistics over the global batch
+(``suite.strategies.batchnorm``; same parameters, buffers and keys), so that data-parallel runs
+of models with batch norm match ``single``; the group is the rank's data-parallel peers
+(``Setup.batchnorm_group``). With one data-parallel rank nothing changes.
 """
 from __future__ import annotations
 
@@ -32,8 +38,15 @@ from torch.utils.checkpoint import checkpoint
 from suite.errors import SuiteError
 
 
-def prepare(model: nn.Module, *, activation_checkpointing: bool, compile: bool, device: torch.device) -> nn.Module:
-    """``model`` with the cross-cutting options applied to each top-level block, in place."""
+def prepare(model: nn.Module, *, activation_checkpointing: bool, compile: bool, device: torch.device,
+            batchnorm_group=None) -> nn.Module:
+    """``model`` with the cross-cutting options applied to each top-level block, in place;
+    with a ``batchnorm_group``, its batch-norm layers first compute their statistics over that
+    group (``suite.strategies.batchnorm``), before checkpointing and compile wrap the blocks."""
+    if batchnorm_group is not None:
+        from suite.strategies import batchnorm  # torch.distributed.nn: only where it is used
+
+        model = batchnorm.sync(model, batchnorm_group, device)
     blocks = [b for b in model.children() if any(True for _ in b.parameters())]
     if activation_checkpointing:
         for block in blocks:

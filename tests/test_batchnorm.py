@@ -1,0 +1,140 @@
+"""Synced batch norm (suite.strategies.batchnorm) on 2 CPU ranks computes what one batch norm
+computes on the whole batch: outputs, input and parameter gradients, running statistics; and
+the facts it exists for: torch 2.14's own SyncBatchNorm does not run on CPU."""
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from suite.plan import build as build_plan
+from suite.strategies import STRATEGIES, batchnorm
+from suite.train.dist import DistContext
+from tests.harness import run_ranks
+
+WORLD = 2
+# One layer's float32 outputs and gradients: a few float32 roundings apart (sums in another order),
+# relative for the parameter gradients, which sum 100-odd terms to values of ~20.
+CLOSE = {"atol": 1e-6, "rtol": 1e-6}
+
+
+def _layer(kind, **kwargs):
+    torch.manual_seed(0)
+    layer = kind(4, **kwargs)
+    with torch.no_grad():  # not the defaults 1 and 0: gradients through weight and bias matter
+        if layer.weight is not None:
+            layer.weight.uniform_(0.5, 1.5)
+        if layer.bias is not None:
+            layer.bias.uniform_(-0.5, 0.5)
+    return layer
+
+
+def _whole_and_halves(kind, shape, **kwargs):
+    """(per-rank results, results on the whole batch): output, input gradient, parameter
+    gradients and running statistics after two training steps, then an eval output."""
+    g = torch.Generator().manual_seed(1)
+    x = 3 + 2 * torch.randn(shape, generator=g)  # mean far from 0: cancellation would show
+    probe = torch.randn(shape, generator=g)  # a loss that weights every output differently
+
+    def run(layer, x, probe):
+        x = x.clone().requires_grad_()
+        for _ in range(2):
+            out = layer(x)
+        (out * probe).sum().backward()
+        grads = {n: p.grad for n, p in layer.named_parameters()}
+        layer.eval()
+        return {"out": out.detach(), "x_grad": x.grad, **grads, "eval": layer(x).detach(),
+                **{n: b.clone() for n, b in layer.named_buffers()}}
+
+    whole = run(_layer(kind, **kwargs), x, probe)
+
+    def rank_part():
+        dist.init_process_group("gloo")
+        try:
+            rank = dist.get_rank()
+            layer = batchnorm.sync(_layer(kind, **kwargs), dist.group.WORLD, torch.device("cpu"))
+            # numpy: torch would share the tensors' memory with the parent, gone with the process
+            return {k: v.numpy() for k, v in run(layer, x.chunk(WORLD)[rank], probe.chunk(WORLD)[rank]).items()}
+        finally:
+            dist.destroy_process_group()
+
+    ranks = [{k: torch.from_numpy(v) for k, v in got.items()} for got in run_ranks(rank_part, WORLD)]
+    return ranks, whole
+
+
+@pytest.mark.parametrize("kind, shape, kwargs", [
+    (nn.BatchNorm2d, (8, 4, 5, 5), {}),
+    (nn.BatchNorm1d, (8, 4), {}),
+    (nn.BatchNorm1d, (8, 4, 3), {"momentum": None}),  # cumulative running average
+    (nn.BatchNorm3d, (4, 4, 2, 3, 3), {"affine": False}),
+])
+def test_synced_batchnorm_on_2_ranks_computes_what_one_batchnorm_computes_on_the_whole_batch(kind, shape, kwargs):
+    ranks, whole = _whole_and_halves(kind, shape, **kwargs)
+    for rank, got in enumerate(ranks):
+        for key in ("out", "x_grad", "eval"):
+            torch.testing.assert_close(got[key], whole[key].chunk(WORLD)[rank], **CLOSE)
+        for key in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(got[key], whole[key], **CLOSE)
+    for key in ("weight", "bias"):
+        if key in whole:  # each rank holds its samples' share; DDP adds them up (and divides by 2 in both)
+            torch.testing.assert_close(ranks[0][key] + ranks[1][key], whole[key], **CLOSE)
+
+
+def test_plain_batchnorm_on_half_batches_differs():
+    """The comparison above can fail: without syncing, each half is normalised on its own."""
+    x = 3 + 2 * torch.randn(8, 4, 5, 5)
+    whole, half = _layer(nn.BatchNorm2d)(x), _layer(nn.BatchNorm2d)(x[:4])
+    assert (whole[:4] - half).abs().max() > 0.01
+
+
+def test_syncing_keeps_the_layers_their_parameters_and_state_dict_keys():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm1d(4)))
+    before = {k: v for k, v in model.state_dict().items()}
+    params = list(model.parameters())
+    synced = batchnorm.sync(model, None, torch.device("cpu"))
+    assert synced is model and list(synced.parameters()) == params
+    assert list(synced.state_dict()) == list(before)
+    assert batchnorm.is_synced(model[1]) and batchnorm.is_synced(model[2][0]) and not batchnorm.is_synced(model[0])
+
+
+def test_torch_syncbatchnorm_does_not_run_on_cpu():
+    """Why the suite has its own: if this starts failing, torch's may now do (re-check, docs/strategies.md)."""
+    def rank_part():
+        dist.init_process_group("gloo")
+        try:
+            errors = []
+            for attempt in (lambda: nn.SyncBatchNorm(4)(torch.randn(4, 4, 2, 2)),
+                            lambda: nn.parallel.DistributedDataParallel(nn.SyncBatchNorm(4))):
+                try:
+                    attempt()
+                except ValueError as e:
+                    errors.append(str(e))
+            return errors
+        finally:
+            dist.destroy_process_group()
+
+    errors = run_ranks(rank_part, WORLD)[0]
+    assert len(errors) == 2
+    assert "expected input tensor to be on GPU" in errors[0]
+    assert "SyncBatchNorm layers only work with GPU modules" in errors[1]
+
+
+@pytest.mark.parametrize("strategy, world, groups", [
+    ({"name": "ddp"}, 2, [[0, 1]]),
+    ({"name": "fsdp", "replicate": 2}, 4, [[0, 1, 2, 3]]),  # replicas and shards all read their own samples
+    ({"name": "pipeline", "stages": 2, "dp": 2}, 4, [[0, 2], [1, 3]]),  # same stage, other samples
+    ({"name": "ds_pipeline", "stages": 2}, 4, [[0, 1], [2, 3]]),
+    ({"name": "tensor", "tp": 2, "dp": 2}, 4, [[0, 2], [1, 3]]),
+])
+def test_batchnorm_syncs_over_the_ranks_that_hold_the_same_part_of_the_model(strategy, world, groups):
+    options = STRATEGIES[strategy["name"]].Options(**strategy)
+    assert build_plan(options, world_size=world, batch_size=64).dp_groups() == groups
+
+
+def test_one_data_parallel_rank_leaves_batchnorm_alone():
+    from suite.strategies.engine import Setup
+
+    plan = build_plan(STRATEGIES["layer_split"].Options(), world_size=1, batch_size=8, devices_per_task=2)
+    ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", (torch.device("cpu"),) * 2)
+    setup = Setup(ctx=ctx, build_model=None, make_optimizer=None, task=None, plan=plan, sync_batchnorm=True)
+    model = setup.prepare(nn.Sequential(nn.BatchNorm1d(4)))
+    assert setup.batchnorm_group() is None and not batchnorm.is_synced(model[0])
