@@ -21,7 +21,7 @@ from pydantic import PositiveInt, conint
 from torch import nn
 
 from suite.models.base import ModelOptions
-from suite.models.unet import check_divisible, convs
+from suite.models.unet import EncoderDecoder, check_divisible, convs
 
 _CONVS = (2, 2, 3, 3, 3)  # VGG16's convolutions per stage
 _WIDTH = (1, 2, 4, 8, 8)  # x base_channels: 64, 128, 256, 512, 512
@@ -64,13 +64,12 @@ class Decoder(nn.Module):
         return self.conv(self.unpool(x, indices))
 
 
-class SegNetModel(nn.Module):
+class SegNetModel(EncoderDecoder):
     not_splittable_because = ("each decoder stage max-unpools with the pooling indices of its encoder stage, "
                               "several blocks earlier (skip-like), which a cut between blocks would not carry")
 
     def __init__(self, channels: int, classes: int, base: int, depth: int, batch_norm: bool):
-        super().__init__()
-        self.depth = depth
+        super().__init__(depth)
         widths = [base * w for w in _WIDTH[:depth]]
         c_in = channels
         for i in range(depth):  # encoder: c_in -> w -> w (-> w)

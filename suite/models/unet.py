@@ -75,13 +75,22 @@ class Up(nn.Module):
         return self.conv(torch.cat([skip, self.up(x)], dim=1))
 
 
-class UNetModel(nn.Module):
+class EncoderDecoder(nn.Module):
+    """What UNet and SegNet share: ``depth`` poolings down and as many stages back up, and a
+    reason (``not_splittable_because``) the splitting strategies give when they refuse it."""
+    not_splittable_because = ""
+
+    def __init__(self, depth: int):
+        super().__init__()
+        self.depth = depth
+
+
+class UNetModel(EncoderDecoder):
     not_splittable_because = ("its decoder concatenates each encoder level's feature maps (skip connections), "
                               "which a cut between blocks would not carry")
 
     def __init__(self, channels: int, classes: int, base: int, depth: int, batch_norm: bool):
-        super().__init__()
-        self.depth = depth
+        super().__init__(depth)
         widths = [base * 2 ** i for i in range(depth + 1)]
         # Top-level children in forward order: down0..down{depth} (the last is the bottleneck), up..., head.
         self.add_module("down0", nn.Sequential(*convs([channels, widths[0], widths[0]], batch_norm)))
