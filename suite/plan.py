@@ -173,3 +173,8 @@ def _mismatch(strategy, world_size, degrees, why) -> str:
     hint = f"; e.g. {' or '.join(fits)}" if fits else ""
     return (f"strategy {strategy}: {shown} does not fit world size {world_size} "
             f"(launch.nodes x launch.tasks_per_node): {why}{hint}")
+
+
+if __name__ == "__main__":  # `python -m suite.plan RECIPE`: the planner's command line
+    from suite.planner.cli import main
+    raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""StepProfile: the cost of one optimizer step to one rank, the planner's common currency.
+
+Produced by the fake run (real strategy code on fake tensors under a fake process group) or, where
+a strategy cannot run that way, by its analytic rule (``source`` says which); consumed by the time
+model (compute over the calibrated rate, each collective kind over its fitted latency/bandwidth)
+and by the report's predicted-vs-measured columns.
+
+Byte conventions, shared by the fake run, the calibration and the time model:
+- ``held_bytes``: bytes a rank keeps between steps, by ``parameters``, ``gradients``,
+  ``optimizer_state`` (the keys of ``suite.estimate.predicted_held_bytes``'s ``per_rank``).
+- ``peak_bytes``: the most bytes a rank holds at any moment of the step, activations and
+  temporary buffers included.
+- ``comm_bytes[kind]``: per rank per optimizer step, the size in bytes of the buffer the rank
+  hands to each collective call of that kind, summed over calls (for all_gather the output
+  buffer, for reduce_scatter the input buffer, for send/recv the tensor sent or received). It is
+  the message size, not the traffic on the wire; the calibration fits time against the same size.
+- kinds: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``all_to_all``,
+  ``send``, ``recv``, ``barrier``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
+                    "send", "recv", "barrier")
+
+
+@dataclass
+class StepProfile:
+    strategy: str
+    world_size: int
+    held_bytes: dict[str, int]
+    peak_bytes: int
+    flops: int                      # per rank per optimizer step, forward + backward (+ recompute)
+    samples: int                    # global samples per optimizer step (training.batch_size)
+    comm_bytes: dict[str, int] = field(default_factory=dict)
+    comm_calls: dict[str, int] = field(default_factory=dict)
+    source: str = "fake"            # "fake": measured on fake tensors; "analytic": a formula
+    notes: str = ""                 # e.g. why a figure is analytic
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepProfile":
+        return cls(**d)
