@@ -74,7 +74,8 @@ class ModuleEngine(Engine):
         return self.setup.task.loss(out, inputs, targets), self.setup.task.correct(out, targets)
 
     def train_step(self, inputs, targets) -> StepResult:
-        self.module.train()
+        if not self.module.training:  # eval_step left it in eval mode; walking every module each step costs
+            self.module.train()
         passes, sums = self.setup.plan.accumulation_steps, StepSums(inputs.device)
         for x, y, last in self.setup.accumulation_chunks(inputs, targets):
             with self.sync_context(last=last):
@@ -82,7 +83,8 @@ class ModuleEngine(Engine):
                 (loss / passes).backward()
             sums.add(loss, right, passes)
         self.reduce_gradients()
-        self._gradient_bytes = self.gradient_bytes()
+        if not self._gradient_bytes:  # the same every step: measured once, off the per-step path
+            self._gradient_bytes = self.gradient_bytes()
         self.optimizer.step()
         self.zero_grad()
         return sums.result(len(inputs))

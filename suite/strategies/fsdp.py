@@ -48,10 +48,15 @@ class Options(StrategyOptions):
 
 
 class FSDPEngine(ModuleEngine):
+    _syncing = True  # FSDP2's default
+
     @contextmanager
     def sync_context(self, last: bool):
         # Accumulated micro-batches keep unsharded gradients; reduce-scatter on the last one.
-        self.module.set_requires_gradient_sync(last)
+        # Set only on a change: it walks every FSDP module, and most runs never accumulate.
+        if last != self._syncing:
+            self.module.set_requires_gradient_sync(last)
+            self._syncing = last
         yield
 
 
