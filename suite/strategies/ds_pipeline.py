@@ -86,7 +86,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         inner.register_step_pre_hook(lambda *_: self._measure_gradients())
 
     def stage_group(self):
-        return self.ds.grid.get_pipe_parallel_group()
+        return ds_compat.pipe_group(self.ds)
 
     def _loss(self, output, labels):
         """Called by DeepSpeed on the last stage, once per micro-batch."""
