@@ -17,8 +17,9 @@ ranks, so ``total`` must be the norm of the WHOLE model's gradients on every ran
 Strategies with a library's own global clip (fsdp1, fairscale OSS, DeepSpeed) use that instead
 (``ModuleEngine.clip_grad_norm_`` and ``suite.strategies._deepspeed``).
 
-No ``GradScaler`` is used anywhere in the suite (bf16 needs none; fp16 runs only under
-DeepSpeed, whose loss scaler unscales before it clips), so gradients are clipped as they are.
+No ``GradScaler`` is used anywhere in the suite (bf16 needs none; fp16 autocast in the torch
+strategies runs without loss scaling, GPU only), so gradients are unscaled when they are clipped
+here; DeepSpeed's fp16 loss scaler unscales before DeepSpeed clips.
 """
 from __future__ import annotations
 
