@@ -54,6 +54,9 @@ class Training(Strict):
     compile: bool = False  # torch.compile each top-level block (needs a C++ compiler on CPU)
     # Batch norm over the global batch under data parallelism, as single computes it (else per rank)
     sync_batchnorm: bool = True
+    # Largest global L2 norm of the gradients (whole model, all ranks) before each optimizer step:
+    # scaled down to it as torch.nn.utils.clip_grad_norm_ does; None: no clipping (suite.strategies.clip)
+    grad_clip_norm: Optional[PositiveFloat] = None
     eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
     log_every_steps: PositiveInt = 10
     checkpoint_every_steps: NonNegativeInt = 0  # 0: only when preempted or timed out
@@ -97,7 +100,8 @@ class Tracking(Strict):
 # training.sync_batchnorm too: it changes nothing for a model without batch norm (every recipe
 # before it came); runs of a batch-norm model under data parallelism recorded before it normalised
 # per rank, and would now group with synced runs.
-_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"))
+_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"),
+               ("training", "grad_clip_norm"))
 
 
 class Recipe(Strict):

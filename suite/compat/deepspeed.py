@@ -193,3 +193,10 @@ def replica_loss(engine):
     """This data-parallel replica's mean loss over the last ``train_batch``'s micro-batches
     (``train_batch`` returns the mean over replicas). Checked on 0.19.8."""
     return require_attr(engine, "dp_group_loss", lib=LIB, what="set by PipelineEngine.train_batch")
+
+
+def pipe_group(engine):
+    """The process group of this rank's pipeline (one rank per stage), from the engine's
+    ``PipelineParallelGrid``. Checked on 0.19.8."""
+    grid = require_attr(engine, "grid", lib=LIB, what="PipelineEngine's process grid")
+    return require_attr(grid, "get_pipe_parallel_group", lib=LIB, what="PipelineParallelGrid method")()

@@ -26,13 +26,15 @@ OWNED = {
     ("zero_optimization", "stage"): "strategy.stage (ds_pipeline: strategy.zero_stage)",
     ("zero_optimization", "offload_optimizer", "device"): "strategy.offload_optimizer",
     ("zero_optimization", "offload_param", "device"): "strategy.offload_parameters",
+    ("gradient_clipping",): "training.grad_clip_norm",
     ("bf16", "enabled"): "training.precision",
     ("fp16", "enabled"): "training.precision",
 }
 
 
 def make_config(*, micro_batch: int, accumulation: int, dp: int, precision: str, stage: int,
-                offload_optimizer: bool = False, offload_parameters: bool = False, extra: dict = None) -> dict:
+                offload_optimizer: bool = False, offload_parameters: bool = False, grad_clip_norm: float = None,
+                extra: dict = None) -> dict:
     """The DeepSpeed config of a run; batch sizes always satisfy train = micro x accumulation x dp."""
     zero = {"stage": stage}
     if stage == 3:
@@ -45,7 +47,8 @@ def make_config(*, micro_batch: int, accumulation: int, dp: int, precision: str,
         "train_batch_size": micro_batch * accumulation * dp,
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": 0.0,  # DeepSpeed's default is 1.0: the loop clips nothing
+        # training.grad_clip_norm where DeepSpeed clips (suite_clips); its default is 1.0, 0 clips nothing
+        "gradient_clipping": 0.0 if suite_clips(stage, precision) else grad_clip_norm or 0.0,
         "steps_per_print": 2**31 - 1,  # the loop reports progress
         "zero_optimization": zero,
         # The recipe's torch optimizer is passed in, so it steps exactly like the baseline:
@@ -55,6 +58,18 @@ def make_config(*, micro_batch: int, accumulation: int, dp: int, precision: str,
         "fp16": {"enabled": precision == "fp16"},
     }
     return merge(config, extra or {})
+
+
+def suite_clips(zero_stage: int, precision: str) -> bool:
+    """Whether the suite, not DeepSpeed, applies ``training.grad_clip_norm``: where DeepSpeed
+    steps the recipe's torch optimizer unwrapped (ZeRO stage 0 in fp32), its own clip
+    (``engine.clip_fp32_gradients``) drops the norm it computed, and under the pipeline engine
+    norms only the first stage's gradients (DeepSpeed 0.19.8's ``runtime.utils.clip_grad_norm_``
+    counts a parameter only on model-parallel rank 0 unless it is marked model-parallel): clipped
+    that way, ds_pipeline leaves single's losses by 0.14 within 8 steps. There the engine clips in
+    a step pre-hook of that optimizer (``DeepSpeedEngine``). DeepSpeed's ZeRO and bf16/fp16
+    optimizers clip by the global norm, keep it, and unscale fp16 gradients first."""
+    return zero_stage == 0 and precision == "fp32"
 
 
 def merge(base: dict, extra: dict, path: tuple = ()) -> dict:
@@ -216,9 +231,36 @@ class DeepSpeedEngine(Engine):
         self.dp_rank, self.dp_size = dp_rank, dp_size
         # DeepSpeed's bf16/fp16 modes keep the module in half precision: inputs must match.
         self._input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision)
+        self._grad_norm = None  # the norm the suite clipped by (suite_clips), per step
+        if setup.grad_clip_norm and suite_clips(zero_stage, setup.precision):
+            from suite.compat import deepspeed as ds_compat
+
+            # Runs after DeepSpeed has reduced the gradients, just before the optimizer steps.
+            ds_compat.inner_optimizer(ds_engine).register_step_pre_hook(lambda *_: self._clip())
+
+    def _clip(self) -> None:
+        from suite.strategies import clip
+
+        self._grad_norm = clip.clip_grad_norm_(self.ds.module.parameters(), self.setup.grad_clip_norm,
+                                               stage_group=self.stage_group())
+
+    def stage_group(self):
+        """The process group over which this rank's part of the model adds up to the whole
+        model (pipeline stages); None where each rank holds the whole model."""
+        return None
 
     def cast(self, x):
         return x.to(self._input_dtype) if self._input_dtype and x.is_floating_point() else x
+
+    def grad_norm(self):
+        """The global gradient norm before clipping of the last optimizer step, as DeepSpeed
+        (or the suite) computed it to clip; None when the recipe does not clip."""
+        import torch
+
+        if not self.setup.grad_clip_norm:
+            return None
+        norm = self._grad_norm if self._grad_norm is not None else self.ds.get_global_grad_norm()
+        return None if norm is None else torch.as_tensor(norm).detach().float()
 
     def optimizer_groups(self) -> list[dict]:
         # DeepSpeed's wrappers (ZeRO 1-3, bf16) hand out the recipe's torch optimizer's own groups,

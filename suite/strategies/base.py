@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from suite.errors import SuiteError
 from suite.plan import Axis, ModelInfo, Plan
+from suite.strategies import clip
 from suite.strategies.engine import Engine, StepResult, StepSums
 
 
@@ -85,9 +86,23 @@ class ModuleEngine(Engine):
         self.reduce_gradients()
         if not self._gradient_bytes:  # the same every step: measured once, off the per-step path
             self._gradient_bytes = self.gradient_bytes()
+        grad_norm = self.clip_gradients()
         self.optimizer.step()
         self.zero_grad()
-        return sums.result(len(inputs))
+        return sums.result(len(inputs), grad_norm)
+
+    def clip_gradients(self) -> Optional[torch.Tensor]:
+        """``training.grad_clip_norm``: after the reduction, before the step, scale the gradients
+        so that the whole model's gradient norm is at most the value; returns the norm before
+        clipping, or None (and costs nothing) when the recipe does not clip."""
+        if self.setup.grad_clip_norm is None:
+            return None
+        return self.clip_grad_norm_(self.setup.grad_clip_norm).detach()
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip by the global norm (``suite.strategies.clip``); a wrapper with its own global
+        clip (FSDP1, fairscale OSS) or a model split over ranks (pipeline) overrides this."""
+        return clip.clip_grad_norm_(self.module.parameters(), max_norm)
 
     def optimizer_groups(self) -> list[dict]:
         return self.optimizer.param_groups  # fairscale OSS: its own groups, synced into its shard's each step

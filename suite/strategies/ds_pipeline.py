@@ -62,11 +62,11 @@ class Options(StrategyOptions):
         return out
 
 
-def _config(opts: Options, plan) -> dict:
+def _config(opts: Options, plan, grad_clip_norm: float = None) -> dict:
     # DeepSpeed's "micro-batch" and "gradient accumulation steps" are the pipeline's chunks.
     return _deepspeed.make_config(micro_batch=plan.chunk_batch, accumulation=plan.pipeline_chunks,
                                   dp=plan.dp_size, precision=plan.precision, stage=opts.zero_stage,
-                                  extra=opts.config)
+                                  grad_clip_norm=grad_clip_norm, extra=opts.config)
 
 
 class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
@@ -84,6 +84,9 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         ds_engine.module.loss_fn = self._loss
         inner = ds_compat.inner_optimizer(ds_engine)
         inner.register_step_pre_hook(lambda *_: self._measure_gradients())
+
+    def stage_group(self):
+        return ds_compat.pipe_group(self.ds)
 
     def _loss(self, output, labels):
         """Called by DeepSpeed on the last stage, once per micro-batch."""
@@ -108,8 +111,9 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         self._correct = torch.zeros((), device=inputs.device)
         self.ds.train_batch(self._batches(inputs, targets, self.micro_batches))
         if not self.last_stage:
-            return StepResult(loss=None, samples=0)
-        return StepResult(loss=ds_compat.replica_loss(self.ds).float(), samples=len(inputs), correct=self._correct)
+            return StepResult(loss=None, samples=0, grad_norm=self.grad_norm())
+        return StepResult(loss=ds_compat.replica_loss(self.ds).float(), samples=len(inputs), correct=self._correct,
+                          grad_norm=self.grad_norm())
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):
@@ -135,7 +139,7 @@ def build(opts: Options, setup) -> DeepSpeedPipelineEngine:
     deepspeed = _deepspeed.start(ctx, setup.precision, "ds_pipeline")
     from deepspeed.pipe import PipelineModule
 
-    config = _config(opts, setup.plan)
+    config = _config(opts, setup.plan, setup.grad_clip_norm)
     _deepspeed.record_config(setup, config)
     # Same weights as the baseline on every rank; checkpointed blocks (setup.prepare) before
     # they become the PipelineModule's layers.

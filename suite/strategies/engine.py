@@ -23,6 +23,7 @@ class StepResult:
     loss: Optional[torch.Tensor]  # mean loss of this rank's samples; None where no loss is computed
     samples: int  # samples this rank's loss stands for (0 where loss is None)
     correct: Optional[torch.Tensor] = None  # correctly classified samples, where it applies
+    grad_norm: Optional[torch.Tensor] = None  # global gradient norm before clipping; only when clipping
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Setup:
     activation_checkpointing: bool = False  # training.activation_checkpointing (see prepare)
     compile: bool = False  # training.compile (see prepare)
     sync_batchnorm: bool = False  # training.sync_batchnorm (see prepare)
+    grad_clip_norm: Optional[float] = None  # training.grad_clip_norm (see suite.strategies.clip)
     seed: int = 0
     run_dir: Optional[str] = None
     model_name: str = ""  # recipe model.name: strategies with per-model plans (tensor) look it up
@@ -87,8 +89,8 @@ class StepSums:
         self.loss += loss.detach().float() / passes
         self.correct += correct
 
-    def result(self, samples: int) -> StepResult:
-        return StepResult(loss=self.loss, samples=samples, correct=self.correct)
+    def result(self, samples: int, grad_norm: Optional[torch.Tensor] = None) -> StepResult:
+        return StepResult(loss=self.loss, samples=samples, correct=self.correct, grad_norm=grad_norm)
 
 
 class Engine:

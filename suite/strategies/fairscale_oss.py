@@ -43,6 +43,11 @@ class OSSEngine(ModuleEngine):
         else:
             super().zero_grad()
 
+    def clip_grad_norm_(self, max_norm: float):
+        # OSS's own: each rank norms the parameters it owns, the squares summed over the ranks
+        # (with sharded_ddp a rank holds reduced gradients of its own parameters only).
+        return self.optimizer.clip_grad_norm(max_norm)
+
     def held_bytes(self) -> dict:
         held = super().held_bytes()
         held["optimizer_state"] = optimizer_state_bytes(self.optimizer.optim)  # this rank's shard

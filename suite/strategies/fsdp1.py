@@ -40,6 +40,10 @@ class FSDP1Engine(ModuleEngine):
         # Accumulated micro-batches keep unsharded gradients; reduce-scatter on the last one.
         return nullcontext() if last else self.module.no_sync()
 
+    def clip_grad_norm_(self, max_norm: float):
+        # FSDP1's own: the norm of the flat-parameter shards, summed over the ranks.
+        return self.module.clip_grad_norm_(max_norm)
+
 
 def build(opts: Options, setup) -> FSDP1Engine:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy

@@ -27,6 +27,7 @@ from suite.record import metrics
 from suite.strategies.engine import StepResult
 from suite.errors import SuiteError
 from suite.plan import Axis
+from suite.strategies import clip
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.splitting import check_recipe_split, cut, resolve_split
 
@@ -99,12 +100,18 @@ class PipelineStageEngine(ModuleEngine):
         self.bubble_fractions.append(metrics.bubble_fraction(busy_s, wall_s))
         self.busy_s.append(busy_s)
         self._gradient_bytes = self.gradient_bytes()
+        grad_norm = self.clip_gradients()
         self.optimizer.step()
         self.zero_grad()
         if not stage.is_last:
-            return StepResult(loss=None, samples=0)
+            return StepResult(loss=None, samples=0, grad_norm=grad_norm)
         loss = torch.stack([l.detach().float() for l in losses]).mean()  # equal micro-batches
-        return StepResult(loss=loss, samples=len(inputs), correct=self.setup.task.correct(output, targets))
+        return StepResult(loss=loss, samples=len(inputs), correct=self.setup.task.correct(output, targets),
+                          grad_norm=grad_norm)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        # This stage holds only its blocks: squared norms summed over the stages of its pipeline.
+        return clip.clip_grad_norm_(self.module.parameters(), max_norm, stage_group=self.pp_group)
 
     def _loss_target(self, inputs, targets):
         return inputs if self.setup.task.kind == "reconstruction" else targets

@@ -54,11 +54,11 @@ class Options(StrategyOptions):
         return out
 
 
-def _config(opts: Options, plan) -> dict:
+def _config(opts: Options, plan, grad_clip_norm: float = None) -> dict:
     return _deepspeed.make_config(
         micro_batch=plan.accumulation_batch, accumulation=plan.accumulation_steps, dp=plan.dp_size,
         precision=plan.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,
-        offload_parameters=opts.offload_parameters, extra=opts.config)
+        offload_parameters=opts.offload_parameters, grad_clip_norm=grad_clip_norm, extra=opts.config)
 
 
 class ZeroEngine(_deepspeed.DeepSpeedEngine):
@@ -79,7 +79,7 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
                 self._gradient_bytes = _deepspeed.gradient_bytes(self.ds, self._params)
             self.ds.step()  # steps the optimizer only at the accumulation boundary
             sums.add(loss, self.setup.task.correct(out, y), passes)
-        return sums.result(len(inputs))
+        return sums.result(len(inputs), self.grad_norm())
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):
@@ -94,7 +94,7 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
 def build(opts: Options, setup) -> ZeroEngine:
     ctx = setup.ctx
     deepspeed = _deepspeed.start(ctx, setup.precision, "zero")
-    config = _config(opts, setup.plan)
+    config = _config(opts, setup.plan, setup.grad_clip_norm)
     _deepspeed.record_config(setup, config)
     model = setup.prepare(setup.build_model().to(ctx.device))
     optimizer = setup.make_optimizer(model.parameters())

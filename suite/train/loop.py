@@ -112,7 +112,7 @@ class StepLoop:
         for step, epoch, r, step_time_s in self._pending:
             loss = r.loss.item() if r.loss is not None and r.samples else None
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=None, loss=loss,
-                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step))
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r))
         self._pending = []
 
     def _lr(self, step: int) -> float | None:
@@ -149,7 +149,7 @@ class StepLoop:
             self.samples += self.tr.batch_size
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=global_loss,
                          loss=(mine[0] / mine[1]) if mine[1] else None,
-                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step))
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r))
         self._pending = []
         if self.ctx.is_main:
             rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
@@ -185,6 +185,11 @@ class StepLoop:
             out["val_accuracy"] = correct / count
         out.update(self.task.eval_results(sums.tolist()))
         return out
+
+
+def _grad_norm(result) -> dict:
+    """The step's global gradient norm before clipping, where the recipe clips (else nothing)."""
+    return {} if result.grad_norm is None else {"grad_norm": float(result.grad_norm)}
 
 
 class _EpochSums:

@@ -98,7 +98,7 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
     return Setup(ctx=ctx, build_model=model_factory, make_optimizer=make_optimizer,
                  task=Task(recipe.model.task, spec.num_classes), plan=recipe.plan(),
                  activation_checkpointing=tr.activation_checkpointing, compile=tr.compile,
-                 sync_batchnorm=tr.sync_batchnorm, seed=tr.seed,
+                 sync_batchnorm=tr.sync_batchnorm, grad_clip_norm=tr.grad_clip_norm, seed=tr.seed,
                  run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
 
