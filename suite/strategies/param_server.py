@@ -63,9 +63,10 @@ class Server:
         self.staleness_sum = self.staleness_max = 0
 
     def pull(self) -> tuple[int, list[torch.Tensor]]:
-        """(version, copies of the parameters): copied under the lock, so never half-updated."""
+        """(version, host copies of the parameters): copied under the lock, so never half-updated;
+        through host memory, so that RPC needs no device map."""
         with self.lock, torch.no_grad():
-            return self.version, [p.detach().clone() for p in self.params]
+            return self.version, [p.detach().to("cpu", copy=True) for p in self.params]
 
     def pull_into(self, replica: list[torch.Tensor]) -> int:
         """The server's own worker: copy straight into its replica; the version copied."""
@@ -82,7 +83,7 @@ class Server:
                 self.refused += 1
                 return False
             for p, g in zip(self.params, grads):
-                p.grad = g
+                p.grad = g.to(p.device)  # a remote worker's arrive in host memory
             for group in self.optimizer.param_groups:
                 group["lr"] = lr if lr is not None else group["lr"]  # None: no schedule, the recipe's lr
             self.optimizer.step()
@@ -142,6 +143,7 @@ class ParamServerEngine(ModuleEngine):
             return self.server.push(grads, self._version, lr)
         from torch.distributed import rpc
 
+        grads = [g.cpu() for g in grads]  # through host memory: RPC needs no device map
         return rpc.rpc_sync(_server_name(), _remote_push, args=(grads, self._version, lr), timeout=_RPC_TIMEOUT_S)
 
     # ---- the loop's interface ---------------------------------------------------------------
