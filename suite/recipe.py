@@ -179,6 +179,7 @@ def check(recipe: Recipe) -> None:
     """Checks that need more than one key: degrees against world size and batch divisibility
     (the plan), then the strategy's own rules, the lr schedule's and the data options'."""
     recipe.strategy.check(recipe.plan(), recipe.model_info())
+    recipe.strategy.check_launch(recipe.launch)
     recipe.optimizer.schedule.check(recipe.optimizer.lr)
     recipe.data.check()
     launch = recipe.launch

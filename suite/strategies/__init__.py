@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline"]
+_MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline", "hogwild", "param_server"]
 STRATEGIES = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.strategies.{_m}")

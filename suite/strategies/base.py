@@ -41,6 +41,10 @@ class StrategyOptions(BaseModel):
         """Predicted bytes one rank holds, from the bytes of the whole model (a full replica here)."""
         return dict(total)
 
+    def check_launch(self, launch) -> None:
+        """Refuse launch settings this strategy cannot run on (the recipe's ``launch`` section),
+        e.g. more than one node for a strategy that shares memory between its ranks."""
+
 
 def refuse_world_size(name: str, world: int, rule: str, fix: str):
     raise SuiteError(f"strategy {name} {rule}, but launch gives world size {world} "
@@ -74,7 +78,9 @@ class ModuleEngine(Engine):
             out = self.module(inputs)
         return self.setup.task.loss(out, inputs, targets), self.setup.task.correct(out, targets)
 
-    def train_step(self, inputs, targets) -> StepResult:
+    def accumulate_gradients(self, inputs, targets) -> StepSums:
+        """Forward and backward over this rank's batch in its accumulation passes: the gradients
+        of the batch mean in ``.grad``, not yet reduced; the step's loss and correct count."""
         if not self.module.training:  # eval_step left it in eval mode; walking every module each step costs
             self.module.train()
         passes, sums = self.setup.plan.accumulation_steps, StepSums(inputs.device)
@@ -83,6 +89,10 @@ class ModuleEngine(Engine):
                 loss, right = self.forward_loss(x, y)
                 (loss / passes).backward()
             sums.add(loss, right, passes)
+        return sums
+
+    def train_step(self, inputs, targets) -> StepResult:
+        sums = self.accumulate_gradients(inputs, targets)
         self.reduce_gradients()
         if not self._gradient_bytes:  # the same every step: measured once, off the per-step path
             self._gradient_bytes = self.gradient_bytes()

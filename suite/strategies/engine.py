@@ -135,5 +135,9 @@ class Engine:
         stage's measured bubble fraction); JSON-serialisable, {} when there are none."""
         return {}
 
+    def abort(self) -> None:
+        """The run failed (here or on a peer): release what ``close`` would without waiting for
+        peers that may be gone (an RPC agent's graceful shutdown would). ``close`` follows."""
+
     def close(self) -> None:
         pass

@@ -146,6 +146,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
             run_record.update_summary(run_dir, status=stopped.status, steps=loop.step, attempts=loop.attempts)
         raise
     except BaseException:
+        engine.abort()  # no graceful goodbyes to peers that may be gone
         loop.flush_local()  # keep what this rank measured; peers may be gone, so no reduction
         raise
     finally:
