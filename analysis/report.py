@@ -136,9 +136,11 @@ def _main(args) -> int:
         md.append(f"## Throughput and memory: {model}\n\n" + render.markdown(rows, columns))
         sections.append((f"Throughput and memory: {model}", render.html_table(rows, columns)
                          + f"<img src='plots/{png.name}'>"))
-    by_experiment: dict = studies.plot_groups(study, runs) if study else {}
-    for r in runs if not study else ():
+    by_experiment: dict = {}
+    for r in runs:
         by_experiment.setdefault(r.experiment, []).append(r)
+    if study:  # one plot per baseline arm and the arms dividing by it, whatever their batch
+        by_experiment = studies.plot_groups(study, runs)
     for experiment, members in by_experiment.items():
         png = plots.experiment_curves(experiment, members, out / "plots" / f"curves-{experiment}.png")
         steps = plots.step_curves(experiment, members, out / "plots" / f"steps-{experiment}.png")

@@ -226,7 +226,8 @@ def _row(fig: dict, study: dict, runs) -> dict:
                                              f"{_num(max(values))})" if len(values) > 1 else "")
     why = f"; why: {fig['why']}" if fig.get("why") else ""
     if fig["compare"] == "absolute":
-        data, theirs_data = {r.summary.get("data") for r in runs if r.arm == fig["ours"]}, fig.get("data") or reference["data"]
+        data = {r.summary.get("data") for r in runs if r.arm == fig["ours"]}
+        theirs_data = fig.get("data") or reference["data"]
         if data != {theirs_data}:
             return {**row, "differs": f"not comparable: ours trained on {', '.join(sorted(map(str, data)))}, the "
                                       f"published figure on {theirs_data} (profile {study.get('profile')})"}
