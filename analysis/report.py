@@ -139,6 +139,8 @@ def _main(args) -> int:
     by_experiment: dict = {}
     for r in runs:
         by_experiment.setdefault(r.experiment, []).append(r)
+    if study:  # one plot per baseline arm and the arms dividing by it, whatever their batch
+        by_experiment = studies.plot_groups(study, runs)
     for experiment, members in by_experiment.items():
         png = plots.experiment_curves(experiment, members, out / "plots" / f"curves-{experiment}.png")
         steps = plots.step_curves(experiment, members, out / "plots" / f"steps-{experiment}.png")

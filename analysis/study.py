@@ -7,10 +7,11 @@ why; ``not_run`` beside ``ours`` says ours is an analogue of a program the suite
 what it measures (``measure``, one of MEASURES), its number and unit, and how to compare:
 
 - ``absolute``: our number beside theirs, in their unit. Only where the setups match: when our
-  runs trained on another data set than the figure (``reference.data``), the row says so.
-- ``ratio``: where hardware differs, each side against its own baseline (``reference.baseline``
-  for theirs, the study's ``baseline`` arm for ours): speed-up = baseline time / arm time (or arm
-  throughput / baseline throughput); memory, utilisation, accuracy and loss as arm / baseline.
+  runs trained on another data set than the figure (its ``data``, else ``reference.data``), the row says so.
+- ``ratio``: where hardware differs, each side against its own baseline (the figure's
+  ``baseline``, else ``reference.baseline``, for theirs; the arm's baseline arm for ours, see
+  ``baselines``): speed-up = baseline time / arm time (or arm throughput / baseline throughput);
+  memory, utilisation, accuracy and loss as arm / baseline.
 
 Every row ends with which way ours differs, and the recipe's ``why`` where it gives one. Torch-free.
 """
@@ -49,6 +50,8 @@ MEASURES = {
     "final_train_accuracy": ("train accuracy, last epoch", FRACTION, "accuracy ratio", _final("train_accuracy")),
     "final_val_accuracy": ("validation accuracy after training", FRACTION, "accuracy ratio",
                            _final("val_accuracy")),
+    "eval_time_total_s": ("validation time, all epochs summed", TIME, "speed-up",
+                          lambda run: sum(run.summary.get("eval_time_s") or []) or None),
     "peak_memory_bytes": ("peak memory of the busiest rank", BYTES, "memory ratio",
                           lambda run: max((r.get("peak_memory_bytes") or 0) for r in run.summary["ranks"]) or None),
     "utilisation_percent": ("mean device utilisation", PERCENT, "utilisation ratio",
@@ -56,7 +59,8 @@ MEASURES = {
 }
 COMPARE = ("absolute", "ratio")
 FIGURE_KEYS = {"published": True, "ours": False, "measure": True, "value": True, "unit": True, "what": True,
-               "compare": True, "why": False, "not_run": False, "hardware": False}
+               "compare": True, "why": False, "not_run": False, "hardware": False, "baseline": False,
+               "data": False}
 REFERENCE_KEYS = {"source": True, "hardware": True, "data": True, "baseline": False, "figures": True}
 SAME_WITHIN = 0.05  # "about the same" when ours is within 5 % of theirs
 
@@ -79,6 +83,30 @@ _NEED = {"source": "the title of the paper or report the figures come from",
          "published": "the arm as the source labels it", "measure": f"one of {', '.join(MEASURES)}",
          "value": "the published number", "unit": "the published number's unit, e.g. s",
          "what": "what the number measures, in the source's words", "compare": "absolute or ratio"}
+
+
+ARM_KEYS = ("baseline", "profiles")  # an arm's own keys beside its key.path overrides
+
+
+def baselines(arms: dict, default=None) -> dict:
+    """arm -> the arm its ratios divide by and its plots are drawn with: the arm's own ``baseline``;
+    else itself when another arm names it as baseline; else the study's ``baseline`` (default).
+    A baseline arm is its own baseline (no chains), so the arms fall into groups, one per baseline."""
+    named = {arm: (spec or {}).get("baseline") for arm, spec in arms.items()}
+    for arm, base in named.items():
+        if base is not None and base not in arms:
+            raise SuiteError(f"arms.{arm}.baseline={base!r} must name one of the arms: {', '.join(arms)}")
+    out = {}
+    for arm, base in named.items():
+        out[arm] = base or (arm if arm in named.values() else default)
+        if out[arm] is None:
+            raise SuiteError(f"arms.{arm}: give its baseline (the arm its ratios divide by), or a study-level "
+                             f"baseline for every arm that names none")
+    for arm, base in out.items():
+        if out[base] != base:
+            raise SuiteError(f"arms.{arm}.baseline={base!r}, but {base} divides by {out[base]} itself; name "
+                             f"{out[base]} (a baseline arm is its own baseline)")
+    return out
 
 
 def check_reference(reference: dict, arms, where: str = "reference") -> dict:
@@ -108,8 +136,8 @@ def check_reference(reference: dict, arms, where: str = "reference") -> dict:
         if fig.get("ours") is not None and fig["ours"] not in arms:
             raise SuiteError(f"{at}.ours={fig['ours']!r} is not an arm of the study; arms: {', '.join(arms)}")
         if fig["compare"] == "ratio" and _published_baseline(reference, fig) is None:
-            raise SuiteError(f"{at}.compare=ratio needs reference.baseline and a figure of that arm with "
-                             f"measure {fig['measure']}")
+            raise SuiteError(f"{at}.compare=ratio needs a baseline (the figure's or reference.baseline) and a "
+                             f"figure of that published arm with measure {fig['measure']}")
     return reference
 
 
@@ -126,11 +154,12 @@ def load(path) -> dict:
         raise SuiteError(f"--study {path} lacks {', '.join(missing)}; give the study.yaml that python -m "
                          f"suite.study wrote")
     check_reference(study["reference"], study["arms"], f"{path}: reference")
+    baselines(study["arms"], study["baseline"])
     return study
 
 
 def _published_baseline(reference: dict, fig: dict):
-    base = reference.get("baseline")
+    base = fig.get("baseline") or reference.get("baseline")
     return next((f for f in reference["figures"] if f["published"] == base and f["measure"] == fig["measure"]),
                 None) if base else None
 
@@ -181,10 +210,11 @@ def _row(fig: dict, study: dict, runs) -> dict:
            "published": f"{_num(fig['value'])} {unit}", "ours": "", "compare": fig["compare"],
            "published_compared": "", "ours_compared": "", "differs": ""}
     theirs = fig["value"]
+    our_base = baselines(study.get("arms", {}), study.get("baseline")).get(fig.get("ours"), study.get("baseline"))
     if fig["compare"] == "ratio":
         base_fig, units = _published_baseline(reference, fig), MEASURES[measure][1]
         theirs = _ratio(measure, fig["value"] * units[unit], base_fig["value"] * units[base_fig["unit"]])
-        row["compare"] = f"ratio: {MEASURES[measure][2]} vs {base_fig['published']} / ours vs {study['baseline']}"
+        row["compare"] = f"ratio: {MEASURES[measure][2]} vs {base_fig['published']} / ours vs {our_base}"
         row["published_compared"] = f"{theirs:.3g}x" if theirs is not None else ""
     if fig.get("ours") is None:
         return {**row, "differs": f"not run by this suite yet: {fig['not_run']}"}
@@ -197,14 +227,15 @@ def _row(fig: dict, study: dict, runs) -> dict:
     why = f"; why: {fig['why']}" if fig.get("why") else ""
     if fig["compare"] == "absolute":
         data = {r.summary.get("data") for r in runs if r.arm == fig["ours"]}
-        if data != {reference["data"]}:
+        theirs_data = fig.get("data") or reference["data"]
+        if data != {theirs_data}:
             return {**row, "differs": f"not comparable: ours trained on {', '.join(sorted(map(str, data)))}, the "
-                                      f"published figure on {reference['data']} (profile {study.get('profile')})"}
+                                      f"published figure on {theirs_data} (profile {study.get('profile')})"}
         return {**row, "published_compared": row["published"], "ours_compared": f"{_num(ours)} {unit}",
                 "differs": _which_way(ours, theirs, "ours is") + why}
-    base_values = _ours(runs, study["baseline"], measure)
+    base_values = _ours(runs, our_base, measure)
     if not base_values:
-        return {**row, "differs": f"no completed run of the baseline arm {study['baseline']}"}
+        return {**row, "differs": f"no completed run of the baseline arm {our_base}"}
     ours_ratio = _ratio(measure, ours, _in_unit(tables.mean(base_values), measure, unit))
     return {**row, "ours_compared": f"{ours_ratio:.3g}x",
             "differs": _which_way(ours_ratio, theirs, f"our {MEASURES[measure][2]} is") + why}
@@ -219,6 +250,18 @@ COLUMNS = {"published_arm": "published arm", "ours_arm": "our arm", "measure": "
 def header(study: dict) -> str:
     """One paragraph naming the study, its source, profile and repeats (plain text)."""
     ref = study["reference"]
+    bases = sorted(set(baselines(study["arms"], study["baseline"]).values()))
     return (f"Study {study['name']} (profile {study['profile']}, {study['repeats']} repeat(s) per arm, baseline "
-            f"arm {study['baseline']}). Published figures from: {ref['source']}. Published on: {ref['hardware']}; "
+            f"arm{'s' if len(bases) > 1 else ''} {', '.join(bases)}). Published figures from: {ref['source']}. Published on: {ref['hardware']}; "
             f"data: {ref['data']}. Ours: mean over repeats; min-max across repeats in brackets.")
+
+
+def plot_groups(study: dict, runs) -> dict:
+    """Plot name -> its runs: in a study, one plot per baseline arm with the arms dividing by it
+    (so a study of several models draws each model apart, whatever its arms' batch sizes); runs of
+    no arm of the study by their experiment."""
+    base = baselines(study["arms"], study["baseline"])
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault(base.get(r.arm) or r.experiment, []).append(r)
+    return groups

@@ -8,8 +8,10 @@ launch, tracking) plus:
   default) uses synthetic or bundled data and sizes that finish in minutes on 2 cores; ``full``
   the real data sets and sizes, for a cluster.
 - ``repeats``: runs per arm, seeds ``training.seed``, ``+1``, ... (``--repeats`` overrides).
-- ``arms``: the experiments compared, by name, each an override set; ``baseline``: the arm the
-  ratios divide by.
+- ``arms``: the experiments compared, by name, each an override set, which may also hold the
+  arm's ``baseline`` (the arm its ratios divide by) and its own ``profiles`` (override sets applied
+  after the arm's, e.g. each model's data set per profile); ``baseline``: the arm the ratios of
+  arms naming none divide by.
 - ``reference``: the published figures per arm (``analysis.study`` says what each key means).
 
 Every arm runs through ``python -m suite.submit`` (one call per arm, its repeats a seed sweep),
@@ -64,18 +66,24 @@ def split(path) -> tuple[dict, dict]:
             raise SuiteError(f"arms: {arm!r} must be a name of letters, digits, '.', '_' and '-'") from None
         if not isinstance(overrides, dict):
             raise SuiteError(f"arms.{arm} must be a mapping of key.path: value (e.g. strategy.name: ddp)")
-    if study.get("baseline") not in arms:
+    if study.get("baseline") is not None and study["baseline"] not in arms:
         raise SuiteError(f"baseline={study.get('baseline')!r} must name one of the arms: {', '.join(arms)}")
     profiles = study.setdefault("profiles", {})
     if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
         raise SuiteError("profiles must map profile names to override sets, e.g. profiles: {cpu: {data.name: digits}}")
+    for arm, spec in arms.items():
+        own = spec.get("profiles", {})
+        if not isinstance(own, dict) or not all(isinstance(v, dict) and k in profiles for k, v in own.items()):
+            raise SuiteError(f"arms.{arm}.profiles must map profile names of the study ({', '.join(profiles)}) to "
+                             f"override sets, e.g. profiles: {{full: {{data.name: cifar10}}}}")
     repeats = study.setdefault("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise SuiteError(f"repeats={repeats!r} must be a whole number >= 1")
     if "reference" not in study:
         raise SuiteError(f"study {path}: reference is required (the published figures per arm)")
-    from analysis.study import check_reference
+    from analysis.study import baselines, check_reference
 
+    baselines(arms, study.get("baseline"))
     check_reference(study["reference"], arms)
     return raw, study
 
@@ -88,15 +96,19 @@ def _apply(raw: dict, overrides: dict) -> None:
 
 
 def arm_recipes(raw: dict, study: dict, profile: str, repeats: int, overrides=()) -> dict[str, dict]:
-    """arm -> its recipe: the study's recipe, then the profile, the arm, the command line; repeats as a seed sweep."""
+    """arm -> its recipe: the study's recipe, then the profile, the arm with its own profile's overrides
+    (those win), the command line; repeats as a seed sweep."""
+    from analysis.study import ARM_KEYS
+
     if profile not in study["profiles"]:
         known = ", ".join(study["profiles"]) or "none"
         raise SuiteError(f"--profile {profile}: the study has no such profile; its profiles: {known}")
     out = {}
-    for arm, arm_overrides in study["arms"].items():
+    for arm, spec in study["arms"].items():
         recipe = json.loads(json.dumps(raw))
         _apply(recipe, study["profiles"][profile])
-        _apply(recipe, arm_overrides)
+        own = {k: v for k, v in spec.items() if k not in ARM_KEYS}
+        _apply(recipe, {**_flatten(own), **_flatten(spec.get("profiles", {}).get(profile, {}))})
         for item in overrides:
             apply_override(recipe, item)
         recipe["name"], recipe["arm"] = f"{raw['name']}-{arm}", arm
@@ -122,7 +134,7 @@ def _main(args) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             return _submit_all(recipes, Path(tmp), ["--dry-run"])
     folder = _new_folder(Path(args.out), f"{raw['name']}-{args.profile}")
-    spec = {"name": raw["name"], "profile": args.profile, "repeats": repeats, "baseline": study["baseline"],
+    spec = {"name": raw["name"], "profile": args.profile, "repeats": repeats, "baseline": study.get("baseline"),
             "arms": study["arms"], "reference": study["reference"]}
     (folder / "study.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     code = _submit_all(recipes, folder, ["--out", str(folder / "runs")])

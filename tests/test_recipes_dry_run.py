@@ -44,3 +44,13 @@ def test_fashion_mnist_study_full_profile_dry_runs_on_its_data(tmp_path, capsys)
     out, err = capsys.readouterr()
     assert code == 0, err
     assert out.count("nothing launched (--dry-run)") == 3
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=str)
+def test_every_profile_of_every_study_validates(path):
+    """Every arm of every profile passes the recipe checks (keys, degrees, batch split, strategy
+    rules) without its data; the full profiles read data sets that are not here to dry-run."""
+    raw, spec = study.split(path)
+    assert "cpu" in spec["profiles"] and "full" in spec["profiles"]
+    for profile in spec["profiles"]:
+        study.check_arms(study.arm_recipes(raw, spec, profile, 2))

@@ -159,3 +159,100 @@ def test_missing_data_is_one_line_and_leaves_no_study_folder(tmp_path, capsys):
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("error: data set fashion_mnist not found in "), err
     assert not list(out.iterdir())
+
+
+# ---- several baselines: a study of several models, each against its own one-device arm ----
+
+def _two_model_study(tmp_path, **arm_edits) -> Path:
+    raw = yaml.safe_load(Path(STUDY).read_text())
+    raw.pop("baseline")
+    raw["arms"] = {"mlp-single": {"strategy.name": "single", "profiles": {"cpu": {"training.epochs": 2}}},
+                   "mlp-ddp": {"baseline": "mlp-single", "strategy.name": "ddp", "launch.tasks_per_node": 2,
+                               "training.batch_size": 64, "profiles": {"cpu": {"training.epochs": 2}}},
+                   "cnn-single": {"model.name": "cnn", "data.name": "synthetic", "data.shape": [3, 32, 32]},
+                   "cnn-ddp": {"baseline": "cnn-single", "model.name": "cnn", "data.name": "synthetic",
+                               "data.shape": [3, 32, 32], "strategy.name": "ddp", "launch.tasks_per_node": 2}}
+    for arm, edit in arm_edits.items():
+        raw["arms"][arm].update(edit)
+    figures = raw["reference"]["figures"]
+    figures[3].update(ours="mlp-ddp")
+    figures[2].update(ours="mlp-ddp")
+    figures[0].update(ours="mlp-single")
+    for fig in figures[4:]:
+        fig.update(ours="mlp-single")
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_each_arm_divides_by_its_own_baseline_and_takes_its_own_profile(tmp_path):
+    from analysis.study import baselines
+
+    raw, spec = study.split(_two_model_study(tmp_path))
+    assert baselines(spec["arms"], spec.get("baseline")) == {
+        "mlp-single": "mlp-single", "mlp-ddp": "mlp-single", "cnn-single": "cnn-single", "cnn-ddp": "cnn-single"}
+    recipes = study.arm_recipes(raw, spec, "cpu", 1)
+    # the arm's own cpu profile wins over the study's (epochs 7) and sits beside the arm's keys
+    assert recipes["mlp-ddp"]["training"]["epochs"] == 2 and recipes["mlp-ddp"]["training"]["batch_size"] == 64
+    assert recipes["cnn-ddp"]["training"]["epochs"] == 7 and recipes["cnn-ddp"]["model"] == {"name": "cnn"}
+    assert "baseline" not in recipes["mlp-ddp"] and "profiles" not in recipes["mlp-ddp"]
+    full = study.arm_recipes(raw, spec, "full", 1)
+    assert full["mlp-ddp"]["training"]["epochs"] == 10  # the arm has no full profile of its own
+
+
+@pytest.mark.parametrize("arm_edits, message", [
+    ({"mlp-ddp": {"baseline": "tpu"}}, "arms.mlp-ddp.baseline='tpu' must name one of the arms: mlp-single,"),
+    ({"cnn-single": {"baseline": "mlp-ddp"}},
+     "arms.cnn-single.baseline='mlp-ddp', but mlp-ddp divides by mlp-single itself; name mlp-single"),
+    ({"mlp-ddp": {"baseline": None}}, "arms.mlp-single: give its baseline (the arm its ratios divide by)"),
+    ({"mlp-ddp": {"profiles": {"gpu": {"training.epochs": 1}}}},
+     "arms.mlp-ddp.profiles must map profile names of the study (cpu, full) to override sets"),
+])
+def test_bad_arm_baseline_or_profile_is_one_line(tmp_path, capsys, arm_edits, message):
+    assert study.main([str(_two_model_study(tmp_path, **arm_edits)), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_ratios_divide_by_the_arms_baseline_and_the_figures_published_baseline():
+    from analysis.study import check_reference, comparison_rows, header, plot_groups
+
+    figures = [
+        {"published": "A 1 GPU", "ours": "a-single", "measure": "epoch_time_s", "value": 20.0, "unit": "s",
+         "what": "time", "compare": "ratio"},
+        {"published": "A 2 GPU", "ours": "a-ddp", "measure": "epoch_time_s", "value": 10.0, "unit": "s",
+         "what": "time", "compare": "ratio"},
+        {"published": "B 1 GPU", "ours": "b-single", "measure": "epoch_time_s", "value": 6.0, "unit": "s",
+         "what": "time", "compare": "ratio", "baseline": "B 1 GPU"},
+        {"published": "B 2 GPU", "ours": "b-ddp", "measure": "epoch_time_s", "value": 2.0, "unit": "s",
+         "what": "time", "compare": "ratio", "baseline": "B 1 GPU", "why": "other GPUs"},
+        {"published": "B 1 GPU", "ours": "b-single", "measure": "final_train_accuracy", "value": 0.5,
+         "unit": "fraction", "what": "acc", "compare": "absolute", "data": "imdb"},
+    ]
+    arms = {"a-single": {}, "a-ddp": {"baseline": "a-single"}, "b-single": {}, "b-ddp": {"baseline": "b-single"}}
+    reference = {"source": "T", "hardware": "h", "data": "not stated", "baseline": "A 1 GPU", "figures": figures}
+    check_reference(reference, arms)
+    spec = {"name": "s", "repeats": 1, "reference": reference, "baseline": None, "arms": arms, "profile": "full"}
+
+    def run(arm, epoch_s, data="cifar10", accuracy=0.6):
+        r = _run(arm, data, None, accuracy)
+        r.summary["epoch_time_s"] = [epoch_s]
+        return r
+
+    runs = [run("a-single", 4.0), run("a-ddp", 2.0), run("b-single", 9.0, "imdb"), run("b-ddp", 6.0, "imdb")]
+    a1, a2, b1, b2, acc = comparison_rows(spec, runs)
+    assert a2["published_compared"] == "2x" and a2["ours_compared"] == "2x"
+    # B's ddp divides by b-single (9 / 6 = 1.5x), theirs by "B 1 GPU" (6 / 2 = 3x), not by A's
+    assert b2["published_compared"] == "3x" and b2["ours_compared"] == "1.5x"
+    assert b2["compare"] == "ratio: speed-up vs B 1 GPU / ours vs b-single"
+    assert b2["differs"] == "our speed-up is lower (0.50x theirs); why: other GPUs"
+    assert b1["ours_compared"] == "1x" and a1["compare"].endswith("ours vs a-single")
+    # the figure's own data set decides comparability, not reference.data
+    assert acc["differs"] == "ours is higher (1.20x theirs)"
+    assert "baseline arms a-single, b-single" in header(spec)
+    groups = plot_groups(spec, runs)
+    assert {k: [r.arm for r in v] for k, v in groups.items()} == {"a-single": ["a-single", "a-ddp"],
+                                                                  "b-single": ["b-single", "b-ddp"]}
+    bad = [dict(figures[3], baseline="C 1 GPU")]
+    with pytest.raises(Exception, match=r"figures.0.compare=ratio needs a baseline \(the figure's or reference"):
+        check_reference({**reference, "figures": bad}, arms)
