@@ -60,7 +60,7 @@ class Training(Strict):
 
 
 class Launch(Strict):
-    executor: Literal["local", "slurm", "debug"] = "local"
+    executor: Literal["local", "slurm", "debug", "mpi"] = "local"  # mpi: local ranks under mpirun
     nodes: PositiveInt = 1
     tasks_per_node: PositiveInt = 1  # one task per rank
     devices_per_task: PositiveInt = 1  # devices one rank drives (layer-wise model parallel)
@@ -97,7 +97,8 @@ class Tracking(Strict):
 # training.sync_batchnorm too: it changes nothing for a model without batch norm (every recipe
 # before it came); runs of a batch-norm model under data parallelism recorded before it normalised
 # per rank, and would now group with synced runs.
-_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"))
+_LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"),
+               ("strategy", "transport"))
 
 
 class Recipe(Strict):
@@ -181,6 +182,13 @@ def check(recipe: Recipe) -> None:
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "
                          "set launch.nodes=1, or use launch.executor=slurm")
+    if launch.executor == "mpi" and launch.nodes != 1:
+        raise SuiteError(f"launch.executor=mpi starts the ranks with mpirun on this machine, but launch.nodes="
+                         f"{launch.nodes}; set launch.nodes=1 (on a cluster: launch.executor=slurm)")
+    if getattr(recipe.strategy, "transport", "torch") == "mpi" and launch.executor != "mpi":
+        raise SuiteError(f"strategy.transport=mpi exchanges gradients through MPI, which needs MPI ranks, but "
+                         f"launch.executor={launch.executor} does not start them; set launch.executor=mpi "
+                         f"(or strategy.transport=torch)")
     if launch.executor == "debug" and launch.world_size != 1:
         raise SuiteError(f"launch.executor=debug runs one rank in this process, but the recipe asks for "
                          f"world size {launch.world_size}; use launch.executor=local, or tasks_per_node=1")

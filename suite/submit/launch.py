@@ -131,6 +131,11 @@ def _submit(recipes_and_dirs: list, folder: Path | None, watched: bool) -> list:
         return _submit_arrays(recipes_and_dirs, folder)
     jobs = []
     for recipe, run_dir in recipes_and_dirs:
+        if recipe.launch.executor == "mpi":
+            from suite.submit import mpi
+
+            jobs.append(mpi.submit(recipe, run_dir, os.getpid() if watched else None, free_port()))
+            continue
         ex = make_executor(recipe.launch, run_dir / "submitit")
         local = recipe.launch.executor == "local"
         task = TrainTask(recipe.model_dump(mode="json"), str(run_dir), master_port=free_port() if local else None,

@@ -1,5 +1,6 @@
 """``torchrun --nproc_per_node N -m suite.train RECIPE [key=value ...] [--out DIR] [--run-dir DIR]``:
-the same per-rank code that submitit tasks run, started by torchrun (or as one plain process)."""
+the same per-rank code that submitit tasks run, started by torchrun, by ``mpirun -np N python -m
+suite.train ...`` (the rendezvous is then agreed through mpi4py) or as one plain process."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import sys
 
 from suite import recipe as recipes
 from suite.errors import SuiteError
+from suite.train.dist import adopt_mpi_environment
 from suite.train.rank import run
 
 
@@ -23,6 +25,7 @@ def main(argv=None) -> int:
         points = recipes.load(args.recipe, args.overrides)
         if len(points) != 1:
             raise SuiteError("suite.train runs one recipe; a sweep is run by python -m suite.submit")
+        adopt_mpi_environment()  # started by mpirun: MPI's variables name the rank and world
         world = int(os.environ.get("WORLD_SIZE", 1))
         recipe = points[0]
         if world != recipe.world_size:  # torchrun decides the world: take it, then re-check
