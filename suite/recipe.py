@@ -77,6 +77,12 @@ class Launch(Strict):
     array_parallelism: PositiveInt = 16  # sweep points running at once on Slurm
     signal_delay_s: PositiveInt = 90  # SIGUSR2 this long before the time limit: checkpoint, requeue
     collective_timeout_s: PositiveInt = 300  # a rank stuck this long in a collective fails the run
+    mpi: bool = False  # slurm: the tasks are MPI ranks (srun --mpi=pmix); executor mpi: always
+
+    @property
+    def mpi_ranks(self) -> bool:
+        """Whether the ranks are MPI ranks: mpirun's (executor mpi) or srun's with launch.mpi."""
+        return self.executor == "mpi" or (self.executor == "slurm" and self.mpi)
 
     @property
     def world_size(self) -> int:
@@ -185,10 +191,13 @@ def check(recipe: Recipe) -> None:
     if launch.executor == "mpi" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=mpi starts the ranks with mpirun on this machine, but launch.nodes="
                          f"{launch.nodes}; set launch.nodes=1 (on a cluster: launch.executor=slurm)")
-    if getattr(recipe.strategy, "transport", "torch") == "mpi" and launch.executor != "mpi":
+    if launch.mpi and launch.executor in ("local", "debug"):
+        raise SuiteError(f"launch.mpi=true makes Slurm's tasks MPI ranks, but launch.executor={launch.executor}; "
+                         f"use launch.executor=mpi for MPI ranks on this machine")
+    if getattr(recipe.strategy, "transport", "torch") == "mpi" and not launch.mpi_ranks:
         raise SuiteError(f"strategy.transport=mpi exchanges gradients through MPI, which needs MPI ranks, but "
                          f"launch.executor={launch.executor} does not start them; set launch.executor=mpi "
-                         f"(or strategy.transport=torch)")
+                         f"(on Slurm: launch.mpi=true), or strategy.transport=torch")
     if launch.executor == "debug" and launch.world_size != 1:
         raise SuiteError(f"launch.executor=debug runs one rank in this process, but the recipe asks for "
                          f"world size {launch.world_size}; use launch.executor=local, or tasks_per_node=1")

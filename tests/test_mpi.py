@@ -171,3 +171,32 @@ def test_rank_and_world_come_from_the_mpi_launchers_variables(variables, expecte
     assert dist.adopt_mpi_environment()
     assert tuple(os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")) == expected
     assert not dist.adopt_mpi_environment()  # torch's variables, once set, win
+
+
+# ---- Slurm: srun --mpi=pmix ----------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("sinfo") is None, reason="no Slurm here (sinfo not found); .ci/run starts a local cluster")
+def test_allreduce_through_mpi_on_two_slurm_nodes_matches_single(baseline, tmp_path):
+    """launch.mpi=true: submitit's srun starts the tasks with --mpi=pmix, one MPI world over 2 nodes."""
+    out = tmp_path / "runs"
+    recipe = write_recipe(tmp_path, {"name": "allreduce", "transport": "mpi"}, executor="slurm", mpi=True,
+                          nodes=2, tasks_per_node=1)
+    code = cli.main([recipe, "--out", str(out)])
+    assert code == 0
+    run_dir = the_run(out)
+    steps = sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda s: s["step"])
+    assert_matches([s["global_loss"] for s in steps], baseline)
+
+
+def test_a_slurm_without_pmix_is_one_line(tmp_path, monkeypatch):
+    from suite.submit import mpi
+
+    monkeypatch.setattr(mpi.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 0, "MPI plugin types are...\n\tnone\n\tpmi2\n", ""))
+    with pytest.raises(SuiteError, match=r"srun --mpi=pmix, but this Slurm offers no pmix plugin \(srun --mpi=list\)"):
+        mpi.check_srun_pmix()
+
+
+def test_launch_mpi_is_for_slurm():
+    with pytest.raises(SuiteError, match="launch.mpi=true .* launch.executor=local; use launch.executor=mpi"):
+        make_recipe({"name": "allreduce"}, world_size=2, launch={"mpi": True})

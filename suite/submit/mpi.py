@@ -47,6 +47,21 @@ def check_mpi4py(key: str) -> None:
         raise SuiteError(f"{key} exchanges through MPI with mpi4py, which is not installed; {INSTALL_MPI4PY}")
 
 
+def check_srun_pmix() -> None:
+    """launch.mpi on Slurm: srun must offer the PMIx plugin. Debian's Open MPI 4.1 is built with
+    PMIx only (no Slurm PMI-1/2 library), so ``srun --mpi=pmi2`` starts every rank as a world of
+    its own (MPI_Init aborts); ``--mpi=pmix`` gives one world (tested on Debian's Slurm 22.05)."""
+    try:
+        listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=30)
+        offered = (listed.stdout + listed.stderr).split()
+    except (OSError, subprocess.TimeoutExpired):
+        offered = []
+    if "pmix" not in offered:
+        raise SuiteError("launch.mpi=true starts the tasks as MPI ranks with srun --mpi=pmix, but this Slurm "
+                         "offers no pmix plugin (srun --mpi=list); install it (Debian: slurm-wlm-basic-plugins "
+                         "with libpmix2), or use launch.mpi=false with strategy.transport=torch")
+
+
 def command(world_size: int, spec: Path, out_dir: Path) -> list[str]:
     """The mpirun command line for ``world_size`` local ranks of the run ``spec`` describes."""
     cmd = [mpirun_path(), "-np", str(world_size),

@@ -33,6 +33,10 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
         from suite.submit import mpi
 
         mpi.mpirun_path()
+    if slurm and points[0].launch.mpi:
+        from suite.submit import mpi
+
+        mpi.check_srun_pmix()
     estimates, warned = [], set()
     for r in points:
         if getattr(r.strategy, "transport", None) == "mpi":

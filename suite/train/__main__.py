@@ -22,10 +22,11 @@ def main(argv=None) -> int:
     parser.add_argument("--run-dir", default=None)
     args = parser.parse_intermixed_args(argv)
     try:
-        points = recipes.load(args.recipe, args.overrides)
+        # Started by mpirun: MPI's variables name the rank and world, and the ranks are MPI's.
+        by_mpi = ["launch.executor=mpi"] if adopt_mpi_environment() else []
+        points = recipes.load(args.recipe, args.overrides + by_mpi)
         if len(points) != 1:
             raise SuiteError("suite.train runs one recipe; a sweep is run by python -m suite.submit")
-        adopt_mpi_environment()  # started by mpirun: MPI's variables name the rank and world
         world = int(os.environ.get("WORLD_SIZE", 1))
         recipe = points[0]
         if world != recipe.world_size:  # torchrun decides the world: take it, then re-check

@@ -82,8 +82,12 @@ def _agree_rendezvous_through_mpi() -> None:
 def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
          collective_timeout_s: int = 300) -> DistContext:
     """Join (or create) the process group and pick this rank's device(s) and thread count."""
-    if adopt_mpi_environment() and "MASTER_PORT" not in os.environ:
-        _agree_rendezvous_through_mpi()
+    adopt_mpi_environment()
+    if not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ) and "WORLD_SIZE" in os.environ:
+        from suite.train import mpi
+
+        if mpi.started_by_mpi():
+            _agree_rendezvous_through_mpi()
     if "WORLD_SIZE" not in os.environ:  # a plain `python -m suite.train`: one rank
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
