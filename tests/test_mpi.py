@@ -200,3 +200,13 @@ def test_a_slurm_without_pmix_is_one_line(tmp_path, monkeypatch):
 def test_launch_mpi_is_for_slurm():
     with pytest.raises(SuiteError, match="launch.mpi=true .* launch.executor=local; use launch.executor=mpi"):
         make_recipe({"name": "allreduce"}, world_size=2, launch={"mpi": True})
+
+
+def test_mpirun_failing_before_any_rank_is_one_line_with_its_words(tmp_path, monkeypatch, capsys):
+    from suite.submit import mpi
+
+    monkeypatch.setattr(mpi, "command", lambda *a: [mpi.mpirun_path(), "--no-such-option", "true"])
+    code = cli.main([write_recipe(tmp_path, {"name": "allreduce"}), "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert "rank 0: mpirun exited with code" in err and "no-such-option" in err, err

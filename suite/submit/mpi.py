@@ -49,8 +49,9 @@ def check_mpi4py(key: str) -> None:
 
 def check_srun_pmix() -> None:
     """launch.mpi on Slurm: srun must offer the PMIx plugin. Debian's Open MPI 4.1 is built with
-    PMIx only (no Slurm PMI-1/2 library), so ``srun --mpi=pmi2`` starts every rank as a world of
-    its own (MPI_Init aborts); ``--mpi=pmix`` gives one world (tested on Debian's Slurm 22.05)."""
+    PMIx only (no Slurm PMI-1/2 client): under ``srun --mpi=pmi2`` or ``--mpi=none`` MPI_Init
+    aborts ("OMPI was not built with SLURM's PMI support"); ``--mpi=pmix`` gives one world
+    (tested on Debian's Slurm 22.05, slurm/README.md)."""
     try:
         listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=30)
         offered = (listed.stdout + listed.stderr).split()
@@ -81,7 +82,9 @@ class MpiJob:
     def __init__(self, folder: Path, world_size: int, spec: Path, timeout_min: int, signal_delay_s: int):
         self.folder, self.num_tasks = Path(folder), world_size
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path.cwd()), env.get("PYTHONPATH")) if p)
+        # The ranks import the suite this process runs (a checkout, not another installed copy).
+        here = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         with open(self.folder / "mpirun.log", "ab") as log:
             self.proc = subprocess.Popen(command(world_size, spec, self.folder / "mpirun-output"), env=env,
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -140,12 +143,25 @@ class MpiJob:
         a result gets one saying mpirun stopped it, so the follower names rank K as the cause."""
         killed = _killed_rank(self.folder / "mpirun.log")
         if killed is None:
+            if self.proc.returncode and not any(submitit_compat.left_result(self.task(k)) for k in range(self.num_tasks)):
+                # mpirun failed before any rank could say anything (bad option, no slots): its words
+                submitit_compat.write_result(self.task(0).paths, "error", f"mpirun exited with code "
+                                             f"{self.proc.returncode}: {_last_words(self.folder / 'mpirun.log')}")
             return
         rank, why = killed
         for k in range(self.num_tasks):
             paths = self.task(k).paths
             if k != rank and not submitit_compat.left_result(self.task(k)):
                 submitit_compat.write_result(paths, "error", f"stopped by mpirun after rank {rank} {why}")
+
+
+def _last_words(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
+    except OSError:
+        return "(no mpirun.log)"
+    lines = [ln for ln in lines if ln and not set(ln) <= set("-")]
+    return " ".join(lines[:3])[:300] or "(nothing in mpirun.log)"
 
 
 def _killed_rank(log: Path):
