@@ -120,6 +120,7 @@ pid_alive /run/slurmctld.pid slurmctld || detach "$LOG" slurmctld
 wait_for 30 sinfo || die "slurmctld did not answer (/var/log/slurm/slurmctld.log)"
 for n in "${node_names[@]}"; do
   pid_alive "/run/slurmd-$n.pid" slurmd && continue
+  mkdir -p "/tmp/slurm-$n"   # the node's TmpFS (slurm.conf.in says why)
   detach "$LOG" unshare -m --propagation slave \
     sh -c "mount --bind '$HOSTS_FILE' /etc/hosts && exec slurmd -N '$n'"
 done

@@ -2,6 +2,11 @@
 import sys
 
 
+# How to install what launch.executor=mpi and strategy.transport=mpi need (said by both sides).
+INSTALL_MPIRUN = "apt-get install -y openmpi-bin libopenmpi-dev (or bash tests/install_mpi.sh)"
+INSTALL_MPI4PY = 'pip install -e ".[mpi]" (mpi4py; it loads Open MPI\'s library: bash tests/install_mpi.sh)'
+
+
 class SuiteError(Exception):
     """A user-facing error: bad recipe, impossible world size, missing data, failed run.
 

@@ -63,7 +63,7 @@ class Training(Strict):
 
 
 class Launch(Strict):
-    executor: Literal["local", "slurm", "debug"] = "local"
+    executor: Literal["local", "slurm", "debug", "mpi"] = "local"  # mpi: local ranks under mpirun
     nodes: PositiveInt = 1
     tasks_per_node: PositiveInt = 1  # one task per rank
     devices_per_task: PositiveInt = 1  # devices one rank drives (layer-wise model parallel)
@@ -80,6 +80,12 @@ class Launch(Strict):
     array_parallelism: PositiveInt = 16  # sweep points running at once on Slurm
     signal_delay_s: PositiveInt = 90  # SIGUSR2 this long before the time limit: checkpoint, requeue
     collective_timeout_s: PositiveInt = 300  # a rank stuck this long in a collective fails the run
+    mpi: bool = False  # slurm: the tasks are MPI ranks (srun --mpi=pmix); executor mpi: always
+
+    @property
+    def mpi_ranks(self) -> bool:
+        """Whether the ranks are MPI ranks: mpirun's (executor mpi) or srun's with launch.mpi."""
+        return self.executor == "mpi" or (self.executor == "slurm" and self.mpi)
 
     @property
     def world_size(self) -> int:
@@ -101,7 +107,7 @@ class Tracking(Strict):
 # before it came); runs of a batch-norm model under data parallelism recorded before it normalised
 # per rank, and would now group with synced runs.
 _LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"),
-               ("training", "grad_clip_norm"))
+               ("training", "grad_clip_norm"), ("strategy", "transport"))
 
 
 class Recipe(Strict):
@@ -186,6 +192,16 @@ def check(recipe: Recipe) -> None:
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "
                          "set launch.nodes=1, or use launch.executor=slurm")
+    if launch.executor == "mpi" and launch.nodes != 1:
+        raise SuiteError(f"launch.executor=mpi starts the ranks with mpirun on this machine, but launch.nodes="
+                         f"{launch.nodes}; set launch.nodes=1 (on a cluster: launch.executor=slurm)")
+    if launch.mpi and launch.executor in ("local", "debug"):
+        raise SuiteError(f"launch.mpi=true makes Slurm's tasks MPI ranks, but launch.executor={launch.executor}; "
+                         f"use launch.executor=mpi for MPI ranks on this machine")
+    if getattr(recipe.strategy, "transport", "torch") == "mpi" and not launch.mpi_ranks:
+        raise SuiteError(f"strategy.transport=mpi exchanges gradients through MPI, which needs MPI ranks, but "
+                         f"launch.executor={launch.executor} does not start them; set launch.executor=mpi "
+                         f"(on Slurm: launch.mpi=true), or strategy.transport=torch")
     if launch.executor == "debug" and launch.world_size != 1:
         raise SuiteError(f"launch.executor=debug runs one rank in this process, but the recipe asks for "
                          f"world size {launch.world_size}; use launch.executor=local, or tasks_per_node=1")

@@ -22,7 +22,7 @@ STUDY = "recipes/studies/fashion_mnist_dp.yaml"
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("studies")
     proc = subprocess.run([sys.executable, "-m", "suite.study", STUDY, "--repeats", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=420)  # 8 runs; the mpi arm's start mpirun
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = Path(re.search(r"^study fashion_mnist_dp \(cpu\): (\S+)$", proc.stdout, re.M).group(1))
     return report.parent, report, proc
@@ -38,11 +38,11 @@ def test_cpu_profile_runs_every_arm_and_repeat_through_submit(finished):
     assert report == folder / "report.html" and report.is_file()
     runs = sorted((folder / "runs").glob("*/summary.json"))
     arms = sorted(yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"] for p in runs)
-    assert arms == ["allreduce", "allreduce", "ddp", "ddp", "single", "single"]
+    assert arms == ["allreduce", "allreduce", "ddp", "ddp", "mpi", "mpi", "single", "single"]
     for p in runs:  # 7 epochs of 1,438 digits // 32 per step (the last partial batch is dropped)
         s = read_json(p)
         assert s["status"] == "completed" and s["data"] == "digits" and s["steps"] == 7 * 44
-    assert sorted(p.name for p in (folder / "recipes").iterdir()) == ["allreduce.yaml", "ddp.yaml", "single.yaml"]
+    assert sorted(p.name for p in (folder / "recipes").iterdir()) == ["allreduce.yaml", "ddp.yaml", "mpi.yaml", "single.yaml"]
 
 
 def test_report_lists_every_run_with_the_published_figures_beside_ours(finished):
@@ -57,7 +57,8 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
         assert row["published"] in page
     by_arm = {(r["published_arm"], r["published"]): r for r in rows}
     mpi = by_arm[("S2 with MPI", "35.49 s")]
-    assert mpi["differs"].startswith("not run by this suite yet: MPI") and mpi["published_compared"] == "1.3x"
+    assert mpi["ours_arm"] == "mpi" and mpi["published_compared"] == "1.3x"
+    assert "parameters were synced" in mpi["differs"] and "through MPI" in mpi["differs"]
     summaries = {}
     for p in (folder / "runs").glob("*/summary.json"):
         arm = yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"]
@@ -75,9 +76,9 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
 def test_tables_and_plots_name_the_arm(finished):
     folder, _, _ = finished
     throughput = _csv(folder / "throughput.csv")
-    assert {r["arm"] for r in throughput} == {"single", "ddp", "allreduce"}
+    assert {r["arm"] for r in throughput} == {"single", "ddp", "allreduce", "mpi"}
     assert {r["runs"] for r in throughput} == {"2"}  # the two seeds are repeats of one experiment
-    assert {r["arm"] for r in _csv(folder / "runs.csv")} == {"single", "ddp", "allreduce"}
+    assert {r["arm"] for r in _csv(folder / "runs.csv")} == {"single", "ddp", "allreduce", "mpi"}
     assert len(list((folder / "plots").glob("steps-*.png"))) == 1
 
 
@@ -88,10 +89,10 @@ def test_the_study_report_renders_in_a_browser(finished):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda s: s.update(baseline="mpi"), "baseline='mpi' must name one of the arms: single, ddp, allreduce"),
+    (lambda s: s.update(baseline="zero"), "baseline='zero' must name one of the arms: single, ddp, allreduce, mpi"),
     (lambda s: s["reference"]["figures"][0].update(unit="parsecs"),
      "reference.figures.0.unit='parsecs' does not fit measure train_time_s; use one of s, ms, min, h"),
-    (lambda s: s["reference"]["figures"][1].pop("not_run"), "reference.figures.1: give ours"),
+    (lambda s: s["reference"]["figures"][1].pop("ours"), "reference.figures.1: give ours"),
     (lambda s: s["reference"]["figures"][2].update(ours="fsdp"), "reference.figures.2.ours='fsdp' is not an arm"),
     (lambda s: s["reference"].update(sauce="x"), "unknown key reference.sauce; accepted here: source,"),
     (lambda s: s["reference"].pop("source"), "reference.source is required (the title of the paper"),

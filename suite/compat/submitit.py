@@ -40,6 +40,16 @@ def task_paths(folder, job_id: str, task_id: int):
     return paths_class(folder, job_id, task_id)
 
 
+def write_result(task_paths, outcome: str, payload) -> None:
+    """Write a task's result file as submitit's task wrapper does (``("success", result)`` or
+    ``("error", traceback)``, pickled aside and moved in place): an MPI rank, which submitit did
+    not start, ends this way so that ``left_result``/``task_error`` read it as any task's."""
+    utils = import_internal("submitit.core.utils", "temporary_save_path", lib=LIB, what="writes a result file")
+    dump = import_internal("submitit.core.utils", "cloudpickle_dump", lib=LIB, what="pickles a result")
+    with utils(task_paths.result_pickle) as tmp:
+        dump((outcome, payload), tmp)
+
+
 def failed_job_error() -> type:
     """The exception an executor's ``submit`` raises when the scheduler refuses a job (sbatch's error)."""
     return import_internal("submitit.core.utils", "FailedJobError", lib=LIB, what="a refused submission")

@@ -1,8 +1,14 @@
 """Hand-written data parallelism ("custom data parallel" in the comparison studies): after the
 backward pass each gradient is all-reduced on its own and divided by the world size. No buckets,
-no overlap with backward, so the gap to DDP shows what DDP's bucketing buys."""
+no overlap with backward, so the gap to DDP shows what DDP's bucketing buys.
+
+``transport: mpi`` exchanges the gradients through MPI instead (mpi4py ``Allreduce`` on one flat
+host buffer per step, summed, then divided by the world size), as MPI-based data-parallel codes
+do; it needs ranks an MPI launcher started (``launch.executor: mpi``). torch.distributed (gloo)
+still carries everything else: the initial broadcast, the loop's loss reduction, the summary."""
 from typing import ClassVar, Literal
 
+import torch
 import torch.distributed as dist
 
 from suite.strategies.base import ModuleEngine, StrategyOptions
@@ -11,6 +17,7 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 class Options(StrategyOptions):
     name: Literal["allreduce"] = "allreduce"
     reusable_process: ClassVar = True
+    transport: Literal["torch", "mpi"] = "torch"  # what carries the gradients
 
 
 class AllReduceEngine(ModuleEngine):
@@ -27,5 +34,35 @@ class AllReduceEngine(ModuleEngine):
                 p.grad.div_(self.dp_size)
 
 
+class MpiAllReduceEngine(AllReduceEngine):
+    """Gradients through MPI: one flat float buffer on the host per step, reused every step."""
+
+    def __init__(self, setup, module):
+        super().__init__(setup, module)
+        from suite.train import mpi
+
+        self._comm = mpi.world("strategy.transport=mpi", setup.ctx.rank, setup.ctx.world_size)  # or why not
+        from mpi4py import MPI
+        self._in_place = MPI.IN_PLACE
+        self._flat = None  # host buffer; sized at the first step (which gradients exist)
+
+    def reduce_gradients(self) -> None:
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        total = sum(g.numel() for g in grads)
+        if self._flat is None or self._flat.numel() != total or self._flat.dtype != grads[0].dtype:
+            self._flat = torch.empty(total, dtype=grads[0].dtype)
+        views, at = [], 0
+        for g in grads:  # gather into the buffer (a device-to-host copy on GPU)
+            view = self._flat[at:at + g.numel()]
+            view.copy_(g.reshape(-1))
+            views.append(view)
+            at += g.numel()
+        self._comm.Allreduce(self._in_place, self._flat.numpy())  # sum over ranks, in place
+        self._flat.div_(self.dp_size)
+        for g, view in zip(grads, views):
+            g.copy_(view.view_as(g))
+
+
 def build(opts: Options, setup) -> AllReduceEngine:
-    return AllReduceEngine(setup, setup.prepare(setup.build_model().to(setup.ctx.device)))
+    engine = MpiAllReduceEngine if opts.transport == "mpi" else AllReduceEngine
+    return engine(setup, setup.prepare(setup.build_model().to(setup.ctx.device)))

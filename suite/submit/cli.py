@@ -21,7 +21,7 @@ def parse_args(argv):
     p.add_argument("overrides", nargs="*", help="key.path=value, e.g. training.epochs=3 strategy.name=single")
     p.add_argument("--dry-run", action="store_true", help="validate and print the jobs, train nothing")
     p.add_argument("--out", default="runs", help="folder for run records (default: runs/)")
-    p.add_argument("--executor", choices=["local", "slurm", "debug"], help="overrides launch.executor")
+    p.add_argument("--executor", choices=["local", "slurm", "debug", "mpi"], help="overrides launch.executor")
     p.add_argument("--no-wait", action="store_true", help="return after submitting")
     p.add_argument("--force", action="store_true", help="launch even if the predicted bytes exceed the node's memory")
     p.add_argument("--resume", metavar="RUN_DIR",
@@ -141,6 +141,8 @@ def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
     if points[0].launch.executor == "local" and wait:
         _run_pooled(runs, pool, done)
         return 1 if failures else 0
+    if points[0].launch.executor == "mpi" and wait and len(runs) > 1:  # one after another, as local points
+        return max(_run_all([run], out, wait) for run in runs)
     jobs = launch.submit(runs, out / f"sweep-{stamp}-submitit", watched=wait)
     watches = []
     for (r, run_dir), job in zip(runs, jobs):

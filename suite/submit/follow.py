@@ -42,7 +42,7 @@ class Watch:
         self.cancelled_by_us = False
         self.never_starts: str | None = None  # Slurm's reason, for a job that cannot start
         self._since = time.time()  # rank process records older than this are an earlier attempt's
-        self.local = isinstance(job, submitit.LocalJob)
+        self.local = isinstance(job, submitit.LocalJob) or getattr(job, "local", False)  # or mpirun's (submit/mpi.py)
 
     def poll(self) -> bool:
         """Update and print; True when the job has ended."""

@@ -103,7 +103,10 @@ def make_executor(launch, folder: Path):
                   slurm_partition=launch.partition, slurm_account=launch.account, slurm_qos=launch.qos,
                   slurm_constraint=launch.constraint, slurm_signal_delay_s=launch.signal_delay_s,
                   slurm_array_parallelism=launch.array_parallelism,
-                  slurm_additional_parameters=dict(launch.sbatch_extra) or None)
+                  slurm_additional_parameters=dict(launch.sbatch_extra) or None,
+                  # MPI ranks: srun hands each task its MPI identity through PMIx (suite/submit/mpi.py
+                  # says why PMIx and not PMI-2 with Debian's Open MPI)
+                  slurm_srun_args=["--mpi=pmix"] if launch.mpi else None)
     ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return ex
 
@@ -131,6 +134,11 @@ def _submit(recipes_and_dirs: list, folder: Path | None, watched: bool) -> list:
         return _submit_arrays(recipes_and_dirs, folder)
     jobs = []
     for recipe, run_dir in recipes_and_dirs:
+        if recipe.launch.executor == "mpi":
+            from suite.submit import mpi
+
+            jobs.append(mpi.submit(recipe, run_dir, os.getpid() if watched else None, free_port()))
+            continue
         ex = make_executor(recipe.launch, run_dir / "submitit")
         local = recipe.launch.executor == "local"
         task = TrainTask(recipe.model_dump(mode="json"), str(run_dir), master_port=free_port() if local else None,

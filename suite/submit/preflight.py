@@ -29,8 +29,20 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
     if slurm:  # Slurm gives each task its CPUs, so asking for too many is refused, not oversubscribed
         for launch in {r.launch.model_dump_json(): r.launch for r in points}.values():
             check_slurm(launch, node)
+    if points[0].launch.executor == "mpi":
+        from suite.submit import mpi
+
+        mpi.mpirun_path()
+    if slurm and points[0].launch.mpi:
+        from suite.submit import mpi
+
+        mpi.check_srun_pmix()
     estimates, warned = [], set()
     for r in points:
+        if getattr(r.strategy, "transport", None) == "mpi":
+            from suite.submit import mpi
+
+            mpi.check_mpi4py("strategy.transport=mpi")
         r.data.check_available()
         check_device(r)
         check_batch_fits_data(r)

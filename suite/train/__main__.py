@@ -1,5 +1,6 @@
 """``torchrun --nproc_per_node N -m suite.train RECIPE [key=value ...] [--out DIR] [--run-dir DIR]``:
-the same per-rank code that submitit tasks run, started by torchrun (or as one plain process)."""
+the same per-rank code that submitit tasks run, started by torchrun, by ``mpirun -np N python -m
+suite.train ...`` (the rendezvous is then agreed through mpi4py) or as one plain process."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import sys
 
 from suite import recipe as recipes
 from suite.errors import SuiteError
+from suite.train.dist import adopt_mpi_environment
 from suite.train.rank import run
 
 
@@ -20,7 +22,9 @@ def main(argv=None) -> int:
     parser.add_argument("--run-dir", default=None)
     args = parser.parse_intermixed_args(argv)
     try:
-        points = recipes.load(args.recipe, args.overrides)
+        # Started by mpirun: MPI's variables name the rank and world, and the ranks are MPI's.
+        by_mpi = ["launch.executor=mpi"] if adopt_mpi_environment() else []
+        points = recipes.load(args.recipe, args.overrides + by_mpi)
         if len(points) != 1:
             raise SuiteError("suite.train runs one recipe; a sweep is run by python -m suite.submit")
         world = int(os.environ.get("WORLD_SIZE", 1))

@@ -1,8 +1,9 @@
 """Rank, world, device and backend: the one place that chooses CUDA+NCCL or CPU+gloo.
 
 The environment comes from whoever started the rank: submitit (``suite.submit.launch`` exports
-MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK from the job), torchrun, or nothing at all
-(a single process, world size 1).
+MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK from the job), torchrun, an MPI launcher (mpirun or
+``srun --mpi``: ``adopt_mpi_environment`` reads its variables), or nothing at all (a single
+process, world size 1).
 """
 from __future__ import annotations
 
@@ -42,9 +43,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Rank, world size, local rank and local world size as MPI launchers name them: Open MPI's mpirun,
+# then PMIx (Open MPI under srun --mpi=pmix) and PMI-1/2 (MPICH's and Intel MPI's hydra, srun
+# --mpi=pmi2). PMIx gives no size variable; PMIX_SIZE is not standard, so srun's SLURM_* fill in.
+_MPI_VARIABLES = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMIX_RANK", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+)
+
+
+def adopt_mpi_environment() -> bool:
+    """Where an MPI launcher started this rank and nothing set torch's variables: export RANK,
+    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the launcher's (the one place that reads
+    them). True when they came from MPI. MASTER_ADDR/PORT are the launching side's to give."""
+    if "WORLD_SIZE" in os.environ:
+        return False
+    for rank, size, local_rank, local_size in _MPI_VARIABLES:
+        if rank in os.environ and size in os.environ:
+            world = os.environ[size].split("(")[0]  # SLURM_NTASKS_PER_NODE may read "2(x3)"
+            os.environ.update(RANK=os.environ[rank], WORLD_SIZE=world,
+                              LOCAL_RANK=os.environ.get(local_rank, os.environ[rank]),
+                              LOCAL_WORLD_SIZE=os.environ.get(local_size, world).split("(")[0])
+            return True
+    return False
+
+
+def _agree_rendezvous_through_mpi() -> None:
+    """A bare ``mpirun python -m suite.train``: rank 0's host and a free port of it, told to
+    every rank by MPI (suite.submit's mpi executor gives MASTER_ADDR/PORT itself)."""
+    from suite.train import mpi
+
+    here = (socket.gethostname(), free_port()) if os.environ["RANK"] == "0" else None
+    host, port = mpi.comm().bcast(here, root=0)
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
+
+
 def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
          collective_timeout_s: int = 300) -> DistContext:
     """Join (or create) the process group and pick this rank's device(s) and thread count."""
+    adopt_mpi_environment()
+    if not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ) and "WORLD_SIZE" in os.environ:
+        from suite.train import mpi
+
+        if mpi.started_by_mpi():
+            _agree_rendezvous_through_mpi()
     if "WORLD_SIZE" not in os.environ:  # a plain `python -m suite.train`: one rank
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))

@@ -36,6 +36,7 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
     ``watcher_pid``: the local ``suite.submit`` following the run; if it goes away, the run stops
     (cancelled, with a checkpoint) rather than train on unwatched."""
     launch = recipe.launch
+    sdist.adopt_mpi_environment()  # ranks mpirun started learn their rank here, before it is recorded
     if run_dir is not None:  # before joining: a rank that dies in rendezvous is still known to have started
         run_record.record_rank_process(run_dir, int(os.environ.get("RANK", 0)))
     ctx = sdist.init(launch.device, launch.devices_per_task, launch.cpus_per_task, launch.collective_timeout_s)
