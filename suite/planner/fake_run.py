@@ -15,7 +15,8 @@ optimizer state; the second is measured:
   local shards under DTensor);
 - collectives: every ``c10d`` and ``_c10d_functional`` op seen by a dispatch mode
   (``_Collectives``), sized by ``suite.planner.profile``'s byte conventions. That covers plain
-  ``torch.distributed`` calls, FSDP's, DTensor's, and DDP's buckets (see ``_fake_friendly``).
+  ``torch.distributed`` calls, FSDP's, DTensor's, and DDP's buckets (see
+  ``suite.compat.torch.fake_friendly`` for what the real code needs to run on fake tensors).
 
 A process may run this once: the process group and patched globals are not undone. The planner
 (``run_isolated``) runs each (strategy, world size) in a forked child for that reason.
@@ -25,12 +26,13 @@ from __future__ import annotations
 import time
 import traceback
 import weakref
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from suite.compat import torch as torch_compat
 from suite.planner.profile import StepProfile
 
 _COLLECTIVES = {  # op name (without namespace and trailing _) -> (kind, which tensors are the message)
@@ -131,47 +133,6 @@ class _LiveBytes(TorchDispatchMode):
         return callback
 
 
-@contextmanager
-def _fake_friendly():
-    """What the real code does that fake tensors or the fake process group cannot take, worked
-    around without changing what a rank holds, computes or sends:
-
-    - ``Module.to(device)`` of a module already there: a no-op (torch swaps fake parameters,
-      which fake mode refuses for parameters it keeps weak references to);
-    - device meshes are built outside fake mode (they compute rank lists from real tensors);
-    - DDP's construction-time checks (parameter shapes across ranks, broadcast of rank 0's
-      weights) are skipped, and its buckets are all-reduced through a comm hook that does what
-      its default does (``all_reduce(bucket) / world``), because the fake group's work carries no
-      result for DDP's C++ reducer. The buckets themselves are DDP's own.
-    """
-    import torch.distributed.device_mesh as device_mesh
-    import torch.nn.parallel.distributed as ddp
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    saved = (torch.nn.Module.to, device_mesh.init_device_mesh, ddp._verify_param_shape_across_processes,
-             ddp._sync_module_states)
-    plain_to, plain_mesh = saved[0], saved[1]
-
-    def to(self, *args, **kwargs):
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
-        if device is not None and len(args) + len(kwargs) == 1 and all(
-                t.device == device for t in (*self.parameters(), *self.buffers())):
-            return self
-        return plain_to(self, *args, **kwargs)
-
-    def init_device_mesh(*args, **kwargs):
-        with unset_fake_temporarily():
-            return plain_mesh(*args, **kwargs)
-
-    torch.nn.Module.to, device_mesh.init_device_mesh = to, init_device_mesh
-    ddp._verify_param_shape_across_processes = ddp._sync_module_states = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        (torch.nn.Module.to, device_mesh.init_device_mesh, ddp._verify_param_shape_across_processes,
-         ddp._sync_module_states) = saved
-
-
 def _ddp_hook(world_size: int):
     def hook(_state, bucket):
         buffer = bucket.buffer()
@@ -188,22 +149,7 @@ def _register_ddp_hooks(engine, world_size: int) -> None:
     module = getattr(engine, "module", None)
     if isinstance(module, DistributedDataParallel):
         module.register_comm_hook(None, _ddp_hook(world_size))
-        module.reducer = _KeepBuckets(module.reducer)
-
-
-class _KeepBuckets:
-    """DDP's reducer, except that it keeps its first buckets: the rebuild after the first step
-    (same parameters, regrouped in the order their gradients arrived) broadcasts real tensors
-    from C++, which fake tensors cannot be. Total bytes are the same either way."""
-
-    def __init__(self, reducer):
-        self._reducer = reducer
-
-    def _rebuild_buckets(self) -> bool:
-        return False
-
-    def __getattr__(self, name):
-        return getattr(self._reducer, name)
+        torch_compat.keep_ddp_buckets(module)
 
 
 def fake_batch(recipe, samples: int):
@@ -243,7 +189,6 @@ def _start_bytes(engine, held: dict) -> int:
 def profile_step(recipe, world_size: int) -> StepProfile:
     """Rank 0's cost of one optimizer step of ``recipe`` at ``world_size`` (see the module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.utils.flop_counter import FlopCounterMode
 
     from suite import strategies
@@ -252,14 +197,14 @@ def profile_step(recipe, world_size: int) -> StepProfile:
 
     recipe = at_world(recipe, world_size)
     if not dist.is_initialized():
-        dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+        dist.init_process_group("fake", rank=0, world_size=world_size, store=torch_compat.fake_store())
     launch = recipe.launch
     cpu = torch.device("cpu")
     ctx = DistContext(0, world_size, 0, world_size, cpu, "fake", (cpu,) * launch.devices_per_task)
     setup = make_setup(recipe, ctx)
     plan = setup.plan
     with ExitStack() as stack:
-        stack.enter_context(_fake_friendly())
+        stack.enter_context(torch_compat.fake_friendly())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         engine = strategies.build(recipe.strategy, setup)
         _register_ddp_hooks(engine, world_size)
@@ -369,7 +314,6 @@ def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool
 def warm() -> None:
     """Import what every child needs once, in the parent (forked children share it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.testing._internal.distributed import fake_pg  # noqa: F401
     from torch.utils import flop_counter  # noqa: F401
 
     import suite.strategies  # noqa: F401
