@@ -81,7 +81,8 @@ def fake_friendly():
     """What the real strategy code does that fake tensors or the fake process group cannot take,
     worked around without changing what a rank holds, computes or sends. Checked on 2.14.1.
 
-    - ``Module.to(device)`` of a module already there: a no-op (torch swaps fake parameters,
+    - ``Module.to(device)`` of a module already there: a no-op; to another device: its fake
+      parameters and buffers replaced by moved ones (torch swaps fake parameters in place,
       which fails for parameters fake mode keeps weak references to);
     - device meshes are built outside fake mode (they compute rank lists from real tensors);
     - FSDP2's ``_chunk_with_empty`` (a parameter cut into one chunk per rank, empty ones where
@@ -97,6 +98,7 @@ def fake_friendly():
 
     fsdp_param = import_internal("torch.distributed.fsdp._fully_shard._fsdp_param", lib=LIB, what="FSDP2 parameters")
     unset_fake = import_internal("torch._subclasses.fake_tensor", "unset_fake_temporarily", lib=LIB)
+    fake_tensor = import_internal("torch._subclasses.fake_tensor", "FakeTensor", lib=LIB)
     parse_to = require_attr(torch._C._nn, "_parse_to", lib=LIB, what="Module.to's argument parser")
     names = [(torch.nn.Module, "to"), (device_mesh, "init_device_mesh"), (device_mesh.DeviceMesh, "__init__"),
              (fsdp_param, "_chunk_with_empty"), (ddp, "_verify_param_shape_across_processes"),
@@ -106,9 +108,14 @@ def fake_friendly():
 
     def to(self, *args, **kwargs):
         device = parse_to(*args, **kwargs)[0]
-        if device is not None and len(args) + len(kwargs) == 1 and all(
-                t.device == device for t in (*self.parameters(), *self.buffers())):
+        same = device is not None and (device.type == "cpu" or device.index is not None)  # cpu:0 is cpu
+        if same and len(args) + len(kwargs) == 1 and all(
+                t.device.type == device.type and (device.type == "cpu" or t.device == device)
+                for t in (*self.parameters(), *self.buffers())):
             return self
+        if device is not None and len(args) + len(kwargs) == 1 and any(
+                isinstance(t, fake_tensor) for t in (*self.parameters(), *self.buffers())):
+            return _overwrite_to(self, device)
         return plain_to(self, *args, **kwargs)
 
     def init_device_mesh(*args, **kwargs):
@@ -135,6 +142,21 @@ def fake_friendly():
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
+
+
+def _overwrite_to(module, device):
+    """``module.to(device)`` by replacing each parameter and buffer (what torch does with
+    ``torch.__future__.set_overwrite_module_params_on_conversion``, except for fake tensors)."""
+    import torch
+
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                sub._parameters[name] = torch.nn.Parameter(param.detach().to(device), param.requires_grad)
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = buffer.to(device)
+    return module
 
 
 class _KeepBuckets:

@@ -233,8 +233,8 @@ def profile_step(recipe, world_size: int) -> StepProfile:
 CANNOT_FAKE = {
     "zero": "DeepSpeed reads tensor values during its step (aten._local_scalar_dense: .item() on a "
             "fake tensor has no value)",
-    "ds_pipeline": "DeepSpeed's pipeline engine reads tensor values and exchanges shapes between "
-                   "stages with real messages",
+    "ds_pipeline": "DeepSpeed's pipeline engine reads tensor values while it starts (.tolist() of "
+                   "the parameter counts it all-reduces over the stages)",
     "pipeline": "torch.distributed.pipelining infers stage shapes by messages between ranks, which "
                 "the fake process group does not carry (it would need static stage metadata)",
 }
