@@ -143,13 +143,16 @@ def _ddp_hook(world_size: int):
     return hook
 
 
-def _register_ddp_hooks(engine, world_size: int) -> None:
+def _register_ddp_hooks(engine, world_size: int) -> bool:
+    """True where the engine's module is DDP (``ddp``, ``layer_split`` at world > 1)."""
     from torch.nn.parallel import DistributedDataParallel
 
     module = getattr(engine, "module", None)
-    if isinstance(module, DistributedDataParallel):
-        module.register_comm_hook(None, _ddp_hook(world_size))
-        torch_compat.keep_ddp_buckets(module)
+    if not isinstance(module, DistributedDataParallel):
+        return False
+    module.register_comm_hook(None, _ddp_hook(world_size))
+    torch_compat.keep_ddp_buckets(module)
+    return True
 
 
 def fake_batch(recipe, samples: int):
@@ -207,7 +210,7 @@ def profile_step(recipe, world_size: int) -> StepProfile:
         stack.enter_context(torch_compat.fake_friendly())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         engine = strategies.build(recipe.strategy, setup)
-        _register_ddp_hooks(engine, world_size)
+        ddp = _register_ddp_hooks(engine, world_size)
         inputs, targets = fake_batch(recipe, plan.rank_batch)
         engine.train_step(inputs, targets)  # creates the optimizer state
         start = _start_bytes(engine, engine.held_bytes())
@@ -218,8 +221,8 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     notes = []
     if plan.degree("pipeline") > 1:
         notes.append("rank 0 is the first pipeline stage; other stages hold and send other amounts")
-    if engine.__class__.__name__ == "DDPEngine" or "ddp" in type(getattr(engine, "module", None)).__name__.lower():
-        notes.append("DDP buckets all-reduced through a comm hook equal to its default")
+    if ddp:
+        notes.append("DDP's buckets all-reduced by a comm hook doing what its default does; first buckets kept")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(start + live.peak), flops=int(flops.get_total_flops()),
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
