@@ -1,10 +1,11 @@
-"""torch internals the pipeline strategy relies on. Every access was checked on torch 2.14.1 (the
+"""torch internals the pipeline strategy and the planner rely on. Every access was checked on torch 2.14.1 (the
 pin in pyproject.toml; ``suite.compat.CHECKED``) and only that version; docs/compat.md says what
 each is for.
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 from suite.compat import import_internal, incompatible, require_attr
 
@@ -64,3 +65,118 @@ def busy_s(stage) -> float:
         raise incompatible(LIB, f"the pipeline schedule to call PipelineStage.{'/'.join(STAGE_COMPUTE_METHODS)} "
                                 f"(a whole step ran without them)")
     return stage.busy_s
+
+
+# ---- the planner's fake run (suite/planner/fake_run.py) ------------------------------------------
+
+def fake_store():
+    """The store of torch's ``fake`` process group backend (every collective returns at once,
+    nothing is sent); it lives in torch's test utilities. Checked on 2.14.1."""
+    return import_internal("torch.testing._internal.distributed.fake_pg", "FakeStore", lib=LIB,
+                           what="the store of the fake process group")()
+
+
+@contextmanager
+def fake_friendly():
+    """What the real strategy code does that fake tensors or the fake process group cannot take,
+    worked around without changing what a rank holds, computes or sends. Checked on 2.14.1.
+
+    - ``Module.to(device)`` of a module already there: a no-op; to another device: its fake
+      parameters and buffers replaced by moved ones (torch swaps fake parameters in place,
+      which fails for parameters fake mode keeps weak references to);
+    - device meshes are built outside fake mode (they compute rank lists from real tensors);
+    - FSDP2's ``_chunk_with_empty`` (a parameter cut into one chunk per rank, empty ones where
+      dim 0 has fewer rows than ranks) shares one empty tensor among the empty chunks instead of
+      making one per rank: each costs a fake op, thousands at world 1,024, and only their sizes
+      are read (rank 0's own chunk is the first, never an empty one unless dim 0 is 0);
+    - DDP's construction-time checks (parameter shapes across ranks, broadcast of rank 0's
+      weights) are skipped: they move real data, which fake tensors have none of.
+    """
+    import torch
+    import torch.distributed.device_mesh as device_mesh
+    import torch.nn.parallel.distributed as ddp
+
+    fsdp_param = import_internal("torch.distributed.fsdp._fully_shard._fsdp_param", lib=LIB, what="FSDP2 parameters")
+    unset_fake = import_internal("torch._subclasses.fake_tensor", "unset_fake_temporarily", lib=LIB)
+    fake_tensor = import_internal("torch._subclasses.fake_tensor", "FakeTensor", lib=LIB)
+    parse_to = require_attr(torch._C._nn, "_parse_to", lib=LIB, what="Module.to's argument parser")
+    names = [(torch.nn.Module, "to"), (device_mesh, "init_device_mesh"), (device_mesh.DeviceMesh, "__init__"),
+             (fsdp_param, "_chunk_with_empty"), (ddp, "_verify_param_shape_across_processes"),
+             (ddp, "_sync_module_states")]
+    saved = [(owner, name, require_attr(owner, name, lib=LIB)) for owner, name in names]
+    plain_to, plain_mesh, plain_mesh_init = (fn for _, _, fn in saved[:3])
+
+    def to(self, *args, **kwargs):
+        device = parse_to(*args, **kwargs)[0]
+        same = device is not None and (device.type == "cpu" or device.index is not None)  # cpu:0 is cpu
+        if same and len(args) + len(kwargs) == 1 and all(
+                t.device.type == device.type and (device.type == "cpu" or t.device == device)
+                for t in (*self.parameters(), *self.buffers())):
+            return self
+        if device is not None and len(args) + len(kwargs) == 1 and any(
+                isinstance(t, fake_tensor) for t in (*self.parameters(), *self.buffers())):
+            return _overwrite_to(self, device)
+        return plain_to(self, *args, **kwargs)
+
+    def init_device_mesh(*args, **kwargs):
+        with unset_fake():
+            return plain_mesh(*args, **kwargs)
+
+    def mesh_init(self, *args, **kwargs):
+        with unset_fake():
+            plain_mesh_init(self, *args, **kwargs)
+
+    def chunk_with_empty(tensor, num_chunks: int, dim: int):
+        chunks = list(torch.chunk(tensor, num_chunks, dim=dim))
+        if len(chunks) < num_chunks:
+            chunks += [chunks[0].new_empty(0)] * (num_chunks - len(chunks))
+        return chunks
+
+    def skip(*args, **kwargs):
+        return None
+
+    for (owner, name, _), fn in zip(saved, (to, init_device_mesh, mesh_init, chunk_with_empty, skip, skip)):
+        setattr(owner, name, fn)
+    try:
+        yield
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
+def _overwrite_to(module, device):
+    """``module.to(device)`` by replacing each parameter and buffer (what torch does with
+    ``torch.__future__.set_overwrite_module_params_on_conversion``, except for fake tensors)."""
+    import torch
+
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                sub._parameters[name] = torch.nn.Parameter(param.detach().to(device), param.requires_grad)
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = buffer.to(device)
+    return module
+
+
+class _KeepBuckets:
+    """DDP's reducer, except that it keeps its first buckets: the rebuild after the first step
+    (same parameters, regrouped in the order their gradients arrived) broadcasts real tensors
+    from C++, which fake tensors cannot be. Total bytes are the same either way."""
+
+    def __init__(self, reducer):
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self._reducer, name)
+
+
+def keep_ddp_buckets(ddp_module) -> None:
+    """Make a DistributedDataParallel module keep the buckets it starts with (``_KeepBuckets``):
+    DDP's forward asks ``module.reducer._rebuild_buckets()``. Checked on 2.14.1."""
+    reducer = require_attr(ddp_module, "reducer", lib=LIB, what="DDP's C++ reducer")
+    require_attr(reducer, "_rebuild_buckets", lib=LIB, what="called by DDP's forward")
+    ddp_module.reducer = _KeepBuckets(reducer)

@@ -1,0 +1,182 @@
+"""``python -m suite.plan RECIPE [key=value ...] [--world 2,8,64,1024] [--strategies all|ddp,zero:stage=3,...] [--out DIR]``
+
+Plans the recipe's model under every strategy (or those named) at every world size: each point
+that the strategy admits runs as one fake step in a forked child (``suite.planner.fake_run``; the
+analytic rule where the real code cannot run on fake tensors); the rest are listed with the
+reason the strategy or the plan refuses them. Writes ``plan.md``, ``plan.csv``, ``plan.png`` and
+``profiles.json`` (the StepProfiles) to ``--out`` and prints the Markdown.
+
+A strategy is a name, optionally with its own keys: ``zero:stage=3``, ``tensor:tp=4``,
+``fsdp:reshard_after_forward=false``. The recipe's own strategy keeps its keys. A data-parallel
+degree left unset fills the rest of the world (``tensor:tp=4`` at world 64 is dp=16 x tp=4).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from suite.errors import SuiteError
+from suite.planner.profile import StepProfile
+
+
+@dataclass
+class Point:
+    label: str  # the strategy as asked for: "zero:stage=3"
+    world_size: int
+    profile: Optional[StepProfile] = None
+    excluded: str = ""  # why the strategy or the plan refuses this world size
+    error: str = ""  # the child failed (one line)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m suite.plan", description=__doc__.split("\n\n")[1])
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", help="key.path=value, as suite.submit takes them")
+    p.add_argument("--world", default="2,8,64,1024", help="comma-separated world sizes")
+    p.add_argument("--strategies", default="all", help="all, or comma-separated name[:key=value...]")
+    p.add_argument("--out", default="runs/plan", help="folder for plan.md, plan.csv, plan.png, profiles.json")
+    p.add_argument("--jobs", type=int, default=2, help="fake runs at once")
+    p.add_argument("--timeout-s", type=float, default=300, help="per (strategy, world size)")
+    p.add_argument("--try-fake", action="store_true",
+                   help="also try the fake run for strategies known to need their analytic rule")
+    return p.parse_args(argv)
+
+
+def _worlds(text: str) -> list[int]:
+    try:
+        worlds = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        worlds = []
+    if not worlds or min(worlds) < 1:
+        raise SuiteError(f"--world={text!r} must be comma-separated positive world sizes, e.g. 2,8,64,1024")
+    return worlds
+
+
+def strategy_specs(text: str, recipe_strategy: dict) -> list[tuple[str, dict]]:
+    """(label, strategy section) per strategy asked for."""
+    from suite.strategies import STRATEGIES
+
+    if text == "all":
+        items = list(STRATEGIES)
+    else:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+    specs = []
+    for item in items:
+        name, *pairs = item.split(":")
+        if name not in STRATEGIES:
+            raise SuiteError(f"--strategies: {name!r} is not a strategy; choose from {', '.join(STRATEGIES)}")
+        section = dict(recipe_strategy) if name == recipe_strategy.get("name") and not pairs else {"name": name}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise SuiteError(f"--strategies: {pair!r} in {item!r} must be key=value, e.g. zero:stage=3")
+            section[key] = yaml.safe_load(value)
+        specs.append((item, section))
+    return specs
+
+
+def _fill_data_degree(section: dict, world_size: int) -> dict:
+    """A data-parallel degree the user left unset fills the world the other degrees leave."""
+    from pydantic import ValidationError
+
+    from suite.strategies import STRATEGIES
+
+    try:
+        options = STRATEGIES[section["name"]].Options(**section)
+    except ValidationError:
+        return section  # validation says what is wrong, with the recipe key
+    axes = options.mesh_axes()
+    if any(a.degree is None for a in axes):
+        return section
+    for axis in axes:
+        field = axis.key.split(".")[-1]
+        if axis.data and axis.key.startswith("strategy.") and field not in section:
+            rest = math.prod(a.degree for a in axes if a is not axis)
+            if world_size % rest == 0:
+                return {**section, field: world_size // rest}
+    return section
+
+
+def recipe_at(raw: dict, section: dict, world_size: int):
+    """The recipe with this strategy at this world size (SuiteError: refused, and why)."""
+    from suite import recipe as recipes
+
+    point = {**raw, "strategy": _fill_data_degree(section, world_size)}
+    point["launch"] = {**raw.get("launch", {}), "executor": "local", "nodes": 1, "tasks_per_node": world_size}
+    return recipes.validate(point)
+
+
+def plan(raw: dict, specs, worlds, jobs: int = 2, timeout_s: float = 300, try_fake: bool = False,
+         progress=print) -> list[Point]:
+    """Every (strategy, world size): profiled in forked children, ``jobs`` at a time."""
+    from suite.planner import fake_run
+
+    fake_run.warm()
+    points, todo = [], []
+    for label, section in specs:
+        for world in worlds:
+            point = Point(label, world)
+            points.append(point)
+            try:
+                todo.append((point, recipe_at(raw, section, world)))
+            except SuiteError as e:
+                point.excluded = str(e)
+    running, done, total = [], 0, len(todo)
+    while todo or running:
+        while todo and len(running) < max(jobs, 1):
+            point, recipe = todo.pop(0)
+            running.append((point, fake_run.Job(recipe, point.world_size, timeout_s, try_fake)))
+        time.sleep(0.05)
+        for item in list(running):
+            point, job = item
+            result = job.poll()
+            if result is None:
+                continue
+            running.remove(item)
+            done += 1
+            status, payload = result
+            if status == "ok":
+                point.profile = payload
+                what = f"{payload.source}, peak {_bytes(payload.peak_bytes)}"
+            else:
+                point.error = payload
+                what = f"failed: {payload}"
+            progress(f"[{done}/{total}] {point.label} @ {point.world_size}: {what} ({job.elapsed_s:.1f} s)")
+    return points
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def main(argv=None) -> int:
+    from suite.planner import report
+    from suite.recipe_text import raw_points
+
+    args = parse_args(argv)
+    try:
+        points_raw = raw_points(args.recipe, args.overrides)
+        if len(points_raw) != 1:
+            raise SuiteError(f"{args.recipe} sweeps {len(points_raw)} points; the planner plans one: "
+                             f"drop the sweep or fix its keys with key=value")
+        raw = points_raw[0]
+        worlds = _worlds(args.world)
+        specs = strategy_specs(args.strategies, raw.get("strategy") or {})
+        points = plan(raw, specs, worlds, args.jobs, args.timeout_s, args.try_fake,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+        text = report.write(points, raw, Path(args.out))
+    except SuiteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if any(p.profile for p in points) else 1

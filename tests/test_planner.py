@@ -1,0 +1,127 @@
+"""The planner (python -m suite.plan): a fake step of the real strategy code under a fake process
+group predicts what a rank holds and sends, checked against the analytic shares, the library's
+padding rule, DDP's and FSDP's communication rules, and a real run's measured held bytes."""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import yaml
+
+from suite import recipe as recipes
+from suite.errors import SuiteError
+from suite.estimate import predicted_held_bytes
+from suite.planner import cli, fake_run
+from suite.record.run_record import read_json
+from tests.parity import BASE, make_recipe, step_losses
+
+TRANSFORMER = yaml.safe_load(open("recipes/tensor_transformer.yaml"))
+
+
+def _raw(model: dict, data: dict, batch_size: int) -> dict:
+    return {"name": "plan", "model": model, "data": data, "strategy": {"name": "ddp"},
+            "optimizer": {"name": "adamw", "lr": 0.001},
+            "training": {"epochs": 1, "batch_size": batch_size, "seed": 0}, "tracking": {"wandb": "disabled"}}
+
+
+MLP = _raw({"name": "mlp", "hidden": [256, 256]}, {"name": "digits"}, 1024)
+SMALL_TRANSFORMER = _raw(TRANSFORMER["model"], TRANSFORMER["data"], 1024)
+
+
+def _profiles(raw, strategies: str, worlds) -> dict:
+    points = cli.plan(raw, cli.strategy_specs(strategies, raw["strategy"]), worlds, jobs=2, progress=lambda _: None)
+    failed = [(p.label, p.world_size, p.excluded or p.error) for p in points if not p.profile]
+    assert not failed, failed
+    return {(p.label, p.world_size): p.profile for p in points}
+
+
+def _meta_model(raw):
+    return recipes.validate({**raw, "strategy": {"name": "single"}}).model_info().build_meta()
+
+
+def _fsdp_rank0_bytes(params, world: int) -> int:
+    """FSDP2's padding rule: each parameter's dim 0 is cut into ``world`` chunks of
+    ceil(dim0 / world) rows (the last ones padded or empty); rank 0 holds the first."""
+    return sum(min(math.ceil(p.shape[0] / world), p.shape[0]) * (p.numel() // p.shape[0]) * 4 for p in params)
+
+
+def test_world_1024_plans_in_under_a_minute_and_shards_parameters_by_the_rules():
+    started = time.monotonic()
+    for raw in (MLP, SMALL_TRANSFORMER):
+        _check_world_1024(raw, _profiles(raw, "fsdp,tensor:tp=2,zero:stage=3", [1024]))
+    # Two forks at a time; six points, each a few seconds of CPU (more on a shared machine).
+    assert time.monotonic() - started < 60
+
+
+def _check_world_1024(raw, profiles) -> None:
+    params = list(_meta_model(raw).parameters())
+    total = sum(p.numel() for p in params) * 4
+
+    fsdp = profiles[("fsdp", 1024)]
+    assert fsdp.source == "fake"
+    # Not total / 1024: these parameters have fewer rows than ranks, so rank 0 holds one row of each.
+    assert fsdp.held_bytes["parameters"] == _fsdp_rank0_bytes(params, 1024)
+    assert total // 1024 <= fsdp.held_bytes["parameters"] < total / 50
+
+    tensor = profiles[("tensor:tp=2", 1024)]  # dp=512 (FSDP2) x tp=2
+    assert tensor.source == "fake" and tensor.comm_bytes.get("all_reduce", 0) > 0  # TP's partial sums
+    assert 0 < tensor.held_bytes["parameters"] < total / 50
+
+    zero = profiles[("zero:stage=3", 1024)]
+    assert zero.source == "analytic" and "DeepSpeed" in zero.notes
+    assert zero.held_bytes["parameters"] == int(total / 1024)  # the analytic 1/N
+
+
+def test_ddp_all_reduces_its_gradients_once_and_fsdp_gathers_twice_per_step():
+    raw = _raw({"name": "mlp", "hidden": [32, 32]}, {"name": "digits"}, 64)
+    profiles = _profiles(raw, "ddp,fsdp,allreduce", [2])
+    gradient_bytes = sum(p.numel() for p in _meta_model(raw).parameters()) * 4
+
+    ddp = profiles[("ddp", 2)]
+    assert ddp.comm_bytes == {"all_reduce": gradient_bytes}
+    assert ddp.comm_calls == {"all_reduce": 1}  # one bucket: far below bucket_cap_mb
+    # The hand-written one: one call per parameter, same bytes.
+    allreduce = profiles[("allreduce", 2)]
+    assert allreduce.comm_bytes == {"all_reduce": gradient_bytes}
+    assert allreduce.comm_calls["all_reduce"] == len(list(_meta_model(raw).parameters()))
+    # FSDP2, every dim 0 even: parameters gathered before each block's forward and again before
+    # its backward (reshard_after_forward), gradients reduce-scattered once.
+    fsdp = profiles[("fsdp", 2)]
+    assert fsdp.comm_bytes == {"all_gather": 2 * gradient_bytes, "reduce_scatter": gradient_bytes}
+    assert fsdp.flops == ddp.flops > 0
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_predicted_held_bytes_equal_a_real_runs_at_world_2(strategy, tmp_path):
+    recipe = make_recipe({"name": strategy}, world_size=2, training={**BASE["training"], "max_steps": 2})
+    step_losses(recipe, tmp_path)
+    measured = read_json(tmp_path / "summary.json")["ranks"][0]["held_bytes"]
+    status, predicted = fake_run.run_isolated(recipe, 2)
+    assert status == "ok", predicted
+    assert predicted.source == "fake"
+    assert predicted.held_bytes == measured
+    assert predicted.held_bytes == {k: int(v) for k, v in predicted_held_bytes(recipe)["per_rank"].items()}
+
+
+def test_the_cli_writes_the_plan_and_says_why_strategies_are_left_out(tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**_raw({"name": "mlp", "hidden": [16]}, {"name": "digits"}, 8),
+                                    "launch": {"tasks_per_node": 2}}))
+    code = cli.main([str(path), "--world", "2,16", "--strategies", "single,ddp", "--out", str(tmp_path / "plan")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "| ddp | 2 | fake |" in out
+    assert "single @ 2: strategy single runs on exactly 1 rank" in out
+    assert "ddp @ 16: training.batch_size=8 must divide into 16 data-parallel ranks" in out
+    for name in ("plan.md", "plan.csv", "plan.png", "profiles.json"):
+        assert (tmp_path / "plan" / name).stat().st_size > 0
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path):
+    with pytest.raises(SuiteError, match="--world='2,x'"):
+        cli._worlds("2,x")
+    with pytest.raises(SuiteError, match="'nope' is not a strategy"):
+        cli.strategy_specs("ddp,nope", {})
+    with pytest.raises(SuiteError, match="must be key=value"):
+        cli.strategy_specs("zero:stage", {})
