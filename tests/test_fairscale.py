@@ -24,6 +24,13 @@ def test_oss_matches_single_process_at_world_size_2(gradients, baseline, tmp_pat
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+def test_oss_takes_every_optimizer_the_recipe_can_name(tmp_path):
+    # AdamW's defaults hold a key its constructor refuses; OSS rebuilds the optimizer from them.
+    adamw = {**BASE["optimizer"], "name": "adamw", "weight_decay": 0.01}
+    single = step_losses(make_recipe({"name": "single"}, optimizer=adamw), tmp_path / "single")
+    assert_matches(step_losses(make_recipe({"name": "oss"}, world_size=2, optimizer=adamw), tmp_path / "oss"), single)
+
+
 @pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
 def test_oss_with_gradient_accumulation_matches_single_process(gradients, baseline, tmp_path):
     recipe = make_recipe({"name": "oss", "gradients": gradients}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})

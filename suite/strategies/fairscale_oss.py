@@ -11,6 +11,7 @@ Each rank steps only the parameters it owns, then owners broadcast the new value
 """
 from __future__ import annotations
 
+import inspect
 from typing import ClassVar, Literal
 
 import torch
@@ -68,7 +69,10 @@ def sharded_optimizer(setup, params):
     from fairscale.optim import OSS
 
     probe = setup.make_optimizer([torch.nn.Parameter(torch.zeros(1))])
-    return OSS(params, optim=type(probe), **probe.defaults)
+    # Only the settings the class takes: torch's AdamW records ``decoupled_weight_decay`` in its
+    # defaults (it shares Adam's code) but its constructor refuses the keyword.
+    accepted = inspect.signature(type(probe).__init__).parameters
+    return OSS(params, optim=type(probe), **{k: v for k, v in probe.defaults.items() if k in accepted})
 
 
 def build(opts: Options, setup) -> OSSEngine:
