@@ -171,3 +171,31 @@ def test_synced_batchnorm_on_one_rank_is_bitwise_torchs(model):
 
     equal, compared = run_ranks(rank_part, 1)[0]
     assert equal and compared > 40
+
+
+def test_synced_batchnorm_layer_is_bitwise_torchs_for_every_plane_size():
+    """Feature planes below, at and past the 8-lane blocks, with and without a partial last block
+    (2x2 ... 14x14: MNIST-sized maps; 32x32), on one rank: the same bits as torch's kernel."""
+    def rank_part():
+        dist.init_process_group("gloo")
+        try:
+            unequal = []
+            for side in (2, 3, 4, 7, 14, 32):
+                x = 3 + 2 * torch.randn(6, 4, side, side)
+                probe = torch.randn_like(x)
+                results = []
+                for synced in (False, True):
+                    layer = _layer(nn.BatchNorm2d)
+                    if synced:
+                        batchnorm.sync(layer, dist.group.WORLD, torch.device("cpu"))
+                    leaf = x.clone().requires_grad_()
+                    out = layer(leaf)
+                    (out * probe).sum().backward()
+                    results.append([out.detach(), leaf.grad, layer.weight.grad, layer.bias.grad, layer.running_mean])
+                if not all(torch.equal(a, b) for a, b in zip(*results)):
+                    unequal.append(side)
+            return unequal
+        finally:
+            dist.destroy_process_group()
+
+    assert run_ranks(rank_part, 1)[0] == []

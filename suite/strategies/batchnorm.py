@@ -4,8 +4,8 @@ Under data parallelism each rank sees only its share of the batch; a plain ``Bat
 normalises by that share's mean and variance, so a data-parallel run computes a different
 function than ``single`` does on the whole batch (and its losses differ from the first step).
 Synced, every batch-norm layer all-reduces each channel's sum and count, then its sum of
-squared deviations from the mean, over the data-parallel ranks, normalises by the statistics of the global batch and updates its
-running statistics with them, exactly as one process would.
+squared deviations from the mean, over the data-parallel ranks, normalises by the statistics
+of the global batch and updates its running statistics with them, exactly as one process would.
 
 On CUDA that is ``torch.nn.SyncBatchNorm`` (``convert_sync_batchnorm``, fused kernels). On CPU
 torch 2.14 has nothing that works: ``SyncBatchNorm.forward`` refuses CPU tensors ("SyncBatchNorm
@@ -65,8 +65,10 @@ def _synced_forward(self, x: torch.Tensor) -> torch.Tensor:
 # accumulation passes are so sensitive that ANY float32 rounding difference grows, within 3-6 SGD
 # steps, to loss differences of 1e-4..3e-2 (measured: native batch norm against the same math in
 # another rounding order, both in ONE process on the same samples; in float64 the synced runs
-# equal single to 1e-13). A value that lands on the other side of a ReLU6 edge moves a whole
-# gradient element. So the synced layer computes the bits native batch norm computes:
+# equal single within 1e-11). A value that lands on the other side of a ReLU6 edge moves a whole
+# gradient element. So the synced layer computes the bits native batch norm computes (checked on
+# one rank for feature planes of 2x2 and more, tests/test_batchnorm.py; planes of one element,
+# BatchNorm1d on (N, C), go another kernel path and agree to rounding only):
 # - forward statistics: float64 sums of the float32 inputs and of the float32 squared deviations,
 #   each rounded to float32 once (the all-reduce adds float64 partial sums: the float32 result is
 #   the same whatever the split over ranks, but for a 1-in-10^8 rounding tie);
@@ -77,6 +79,8 @@ def _synced_forward(self, x: torch.Tensor) -> torch.Tensor:
 #   then over ranks; grad_input = ((dy - sum_dy / N) - (x - mean) * k) * invstd * weight with the
 #   inner multiply-add fused, k = dotp * invstd^2 / N in float32.
 # On other CPUs (AVX-512, ARM) the lane order differs: the math stays exact, only the bits may not.
+# This removes batch norm's share of the float32 differences, not the convolutions' (oneDNN rounds
+# some per-sample outputs by batch size): tests/test_vision.py says where those still show.
 LANES = 8
 
 
@@ -121,7 +125,7 @@ class _SyncedBatchNorm(torch.autograd.Function):
         n, shape, channels = ctx.n, _shape(x), x.shape[1]
         dy = dy.contiguous()
         centred = x - mean.view(shape)
-        sums = torch.cat([_plane_sums(dy), _plane_sums(centred, dy)], dim=1).double().sum(0)
+        sums = _plane_sums(dy, centred).double().sum(0)
         local = sums.clone()
         dist.all_reduce(sums, group=ctx.group)
         sum_dy, dotp = sums[:channels], sums[channels:]
@@ -136,33 +140,31 @@ class _SyncedBatchNorm(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None
 
 
-def _plane_sums(a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """Per sample and channel, the float32 sum over the feature plane of ``a`` (or of ``a * b``)
-    in the order of torch's vectorised CPU reduction: 8 lane-wise running sums (the last, partial
-    block into the first lanes, its products fused into the sums), then halves added pairwise."""
-    samples, channels, size = a.shape[0], a.shape[1], math.prod(a.shape[2:])
-    a = a.reshape(samples, channels, size)
-    b = b.reshape(samples, channels, size) if b is not None else None
-
-    def terms(s):
-        return a[..., s] if b is None else a[..., s] * b[..., s]
-
-    if size < LANES:  # the kernel adds these few one by one
-        acc = terms(slice(0, 1))[..., 0]
+def _plane_sums(dy: torch.Tensor, centred: torch.Tensor) -> torch.Tensor:
+    """Per sample, the float32 sums over each channel's feature plane of ``dy`` (channels 0..C-1
+    of the result) and of ``centred * dy`` (C..2C-1), in the order of torch's vectorised CPU
+    reduction: 8 lane-wise running sums (the last, partial block into the first lanes, its
+    products fused into the sums), then halves added pairwise. Both in one loop over the blocks."""
+    samples, channels, size = dy.shape[0], dy.shape[1], math.prod(dy.shape[2:])
+    dy, centred = dy.reshape(samples, channels, size), centred.reshape(samples, channels, size)
+    terms = torch.cat([dy, centred * dy], dim=1)
+    if size < LANES:  # the kernel adds these few one by one (products unfused)
+        acc = terms[..., 0]
         for i in range(1, size):
-            acc = acc + terms(slice(i, i + 1))[..., 0]
+            acc = acc + terms[..., i]
         return acc
     full = size - size % LANES
-    acc = terms(slice(0, LANES)).clone()
-    for d in range(LANES, full, LANES):
-        acc = acc + terms(slice(d, d + LANES))
+    blocks = terms[..., :full].reshape(samples, 2 * channels, full // LANES, LANES).unbind(2)
+    acc = blocks[0]
+    for block in blocks[1:]:
+        acc = acc + block
     rest = size - full
     if rest:
+        acc = acc.clone()
         tail = slice(full, size)
-        if b is None:
-            acc[..., :rest] = acc[..., :rest] + a[..., tail]
-        else:
-            acc[..., :rest] = (acc[..., :rest].double() + a[..., tail].double() * b[..., tail].double()).float()
+        acc[:, :channels, :rest] += dy[..., tail]
+        acc[:, channels:, :rest] = (acc[:, channels:, :rest].double()
+                                    + centred[..., tail].double() * dy[..., tail].double()).to(acc.dtype)
     while acc.shape[-1] > 1:
         half = acc.shape[-1] // 2
         acc = acc[..., :half] + acc[..., half:]
