@@ -110,7 +110,7 @@ def _running_stats(run_dir):
 
 
 # Why MobileNetV2 under ddp is compared in float64 (test_..._float64 below), not in float32:
-# its float32 losses part from single's by 4e-4 at step 2 and 1e-2 by step 3 however exact the
+# its float32 losses part from single's by 5e-5 at step 3 and 1e-2 at step 4 however exact the
 # synced batch norm is. Measured: synced batch norm is now bitwise torch's kernel (one rank:
 # outputs and every gradient equal, test_batchnorm.py), yet on 2 ranks the first forward's
 # logits already differ by 3e-7: oneDNN's 1x1 projection convolutions (144-240 input channels,
@@ -136,6 +136,19 @@ def test_ddp_with_per_rank_batchnorm_differs_from_single_process(model, baseline
     recipe = _recipe(model, {"name": "ddp"}, world_size=2, training={"sync_batchnorm": False})
     with pytest.raises(AssertionError, match="differ from the baseline"):
         assert_matches(step_losses(recipe, tmp_path), baselines[model][0])
+
+
+def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_it(tmp_path):
+    """Each accumulation step normalises by its own samples, in single as under ddp; the
+    DistributedSampler interleaves ranks, so the synced samples of an accumulation step are
+    single's. (The baseline must accumulate too: with batch norm it computes another function.)
+    8-sample passes amplify any rounding difference: with the earlier synced layer (float32 math
+    in another rounding order than torch's kernel) steps 1-2 were equal, then 4e-4 apart by step 6;
+    bitwise as torch's kernel they stay within 5e-7."""
+    accumulate = {"grad_accumulation": 2}
+    baseline = step_losses(_recipe("resnet18", {"name": "single"}, training=accumulate), tmp_path / "single")
+    recipe = _recipe("resnet18", {"name": "ddp"}, world_size=2, training=accumulate)
+    assert_matches(step_losses(recipe, tmp_path / "ddp"), baseline)
 
 
 def _float64_step_losses(model: str, world: int, rank: int, accumulation: int, steps: int = 5) -> list[float]:
@@ -192,17 +205,14 @@ def _float64_ddp_rank(model: str, accumulation: int) -> list[float]:
 
 @pytest.mark.parametrize("model, accumulation", [("mobilenet_v2", 1), ("resnet18", 2)])
 def test_ddp_with_synced_batchnorm_computes_single_process_steps_exactly_in_float64(model, accumulation):
-    """The property float32 cannot show for these two: ddp's steps ARE single's. MobileNetV2:
-    see the comment above test_ddp_with_synced_batchnorm_matches_single_process. ResNet-18 with
-    ``grad_accumulation: 2`` in float32 (recipe path): steps 1-2 equal, then 3e-6, 2e-5, 2e-4
-    apart, growing 7x a step, and unchanged when batch norm became bitwise torch's (one rank):
-    each accumulation pass normalises by 8 samples, a regime where lr 0.01 with momentum 0.9
-    amplifies the conv layers' reduction-order rounding (their weight gradients summed over 4+4
-    samples then all-reduced, not over 8). The samples do match: DistributedSampler interleaves
-    the ranks (rank r reads positions r, r+2, ...), so the first 4 of each rank's 8 are positions
-    0-7 of single's 16, single's first accumulation chunk. In float64 (2e-12 and 1e-15 apart here) a wrong sample
-    split, a missing cross-rank term in batch norm's backward or per-rank statistics would be
-    1e-3 and more apart, so this test can fail; 1e-9 leaves float64 rounding room."""
+    """ddp's steps ARE single's, free of float32 rounding: for MobileNetV2 the one check there is
+    (see the comment above test_ddp_with_synced_batchnorm_matches_single_process), for ResNet-18
+    with accumulation the exact counterpart of the float32 test above. The samples match because
+    DistributedSampler interleaves the ranks (rank r reads positions r, r+2, ...): the first 4 of
+    each rank's 8 are positions 0-7 of single's 16, single's first accumulation chunk. In float64
+    (2e-12 and 1e-15 apart here) a wrong sample split, a missing cross-rank term in batch norm's
+    backward or per-rank statistics would be 1e-3 and more apart (per-rank: 8e-2), so this test
+    can fail; 1e-9 leaves float64 rounding room."""
     from tests.harness import run_ranks
 
     baseline = _float64_step_losses(model, 1, 0, accumulation)
