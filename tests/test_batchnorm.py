@@ -138,3 +138,64 @@ def test_one_data_parallel_rank_leaves_batchnorm_alone():
     setup = Setup(ctx=ctx, build_model=None, make_optimizer=None, task=None, plan=plan, sync_batchnorm=True)
     model = setup.prepare(nn.Sequential(nn.BatchNorm1d(4)))
     assert setup.batchnorm_group() is None and not batchnorm.is_synced(model[0])
+
+
+@pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
+def test_synced_batchnorm_on_one_rank_is_bitwise_torchs(model):
+    """Same bits as torch's CPU kernel: outputs and every gradient equal, not close. Needed
+    because float32 rounding differences grow in training (docs in suite.strategies.batchnorm);
+    the earlier autograd-composed version differed from the first gradient on. On 2 ranks the
+    global sums are float64 sums of the same float32 terms, so they round to the same float32."""
+    import copy
+
+    from suite.data import DataSpec
+    from suite.models import MODELS, build
+
+    options = {"resnet18": {"width": 0.125}, "mobilenet_v2": {"width": 0.25, "dropout": 0.0}}[model]
+    torch.manual_seed(1)
+    native = build(MODELS[model][0](**options), DataSpec("synthetic", (3, 32, 32), 10))
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+
+    def rank_part():
+        dist.init_process_group("gloo")
+        try:
+            synced = batchnorm.sync(copy.deepcopy(native), dist.group.WORLD, torch.device("cpu"))
+            results = []
+            for net in (native, synced):
+                out = net(x)
+                torch.nn.functional.cross_entropy(out, y).backward()
+                results.append([out.detach()] + [p.grad for p in net.parameters()])
+            return all(torch.equal(a, b) for a, b in zip(*results)), len(results[0])
+        finally:
+            dist.destroy_process_group()
+
+    equal, compared = run_ranks(rank_part, 1)[0]
+    assert equal and compared > 40
+
+
+def test_synced_batchnorm_layer_is_bitwise_torchs_for_every_plane_size():
+    """Feature planes below, at and past the 8-lane blocks, with and without a partial last block
+    (2x2 ... 14x14: MNIST-sized maps; 32x32), on one rank: the same bits as torch's kernel."""
+    def rank_part():
+        dist.init_process_group("gloo")
+        try:
+            unequal = []
+            for side in (2, 3, 4, 7, 14, 32):
+                x = 3 + 2 * torch.randn(6, 4, side, side)
+                probe = torch.randn_like(x)
+                results = []
+                for synced in (False, True):
+                    layer = _layer(nn.BatchNorm2d)
+                    if synced:
+                        batchnorm.sync(layer, dist.group.WORLD, torch.device("cpu"))
+                    leaf = x.clone().requires_grad_()
+                    out = layer(leaf)
+                    (out * probe).sum().backward()
+                    results.append([out.detach(), leaf.grad, layer.weight.grad, layer.bias.grad, layer.running_mean])
+                if not all(torch.equal(a, b) for a, b in zip(*results)):
+                    unequal.append(side)
+            return unequal
+        finally:
+            dist.destroy_process_group()
+
+    assert run_ranks(rank_part, 1)[0] == []

@@ -109,12 +109,18 @@ def _running_stats(run_dir):
     return {k: v for k, v in state["engine"]["model"].items() if "running_" in k}
 
 
-# OPEN: MobileNetV2's gradients under the synced batch norm differ from native batch norm's by ~1%
-# already in ONE process (world size 1, same batch), while ResNet-18's agree; not understood yet.
-MOBILENET_OPEN = pytest.mark.xfail(strict=True, reason="synced batch norm: MobileNetV2 gradients differ (open)")
-
-
-@pytest.mark.parametrize("model", ["resnet18", pytest.param("mobilenet_v2", marks=MOBILENET_OPEN)])
+# Why MobileNetV2 under ddp is compared in float64 (test_..._float64 below), not in float32:
+# its float32 losses part from single's by 5e-5 at step 3 and 1e-2 at step 4 however exact the
+# synced batch norm is. Measured: synced batch norm is now bitwise torch's kernel (one rank:
+# outputs and every gradient equal, test_batchnorm.py), yet on 2 ranks the first forward's
+# logits already differ by 3e-7: oneDNN's 1x1 projection convolutions (144-240 input channels,
+# blocks 12-17, 8x8 and 4x4 maps) round a sample's outputs differently in a batch of 8 than in
+# one of 16 (by up to 3e-6; every other conv of the model gives the same bits), and the conv weight
+# gradients are summed in another order. ReLU6 turns such rounding into whole gradient elements
+# (a value on the other side of 0 or 6 passes, or stops, its gradient), so the step-1 gradients
+# differ by up to 0.7% in a layer, and MobileNetV2 at lr 0.01 amplifies that. The same holds without any ranks:
+# single in float32 is 1e-2 from single in float64 by step 3. In float64 ddp equals single within 1e-11.
+@pytest.mark.parametrize("model", ["resnet18"])
 def test_ddp_with_synced_batchnorm_matches_single_process(model, baselines, tmp_path):
     losses, stats = baselines[model]
     assert_matches(step_losses(_recipe(model, {"name": "ddp"}, world_size=2), tmp_path), losses)
@@ -132,19 +138,96 @@ def test_ddp_with_per_rank_batchnorm_differs_from_single_process(model, baseline
         assert_matches(step_losses(recipe, tmp_path), baselines[model][0])
 
 
-@pytest.mark.xfail(strict=True, reason="OPEN: steps 1-2 equal, then apart by up to 4e-4 by step 6; not understood yet")
 def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_it(tmp_path):
     """Each accumulation step normalises by its own samples, in single as under ddp; the
     DistributedSampler interleaves ranks, so the synced samples of an accumulation step are
-    single's. (The baseline must accumulate too: with batch norm it computes another function.)"""
+    single's. (The baseline must accumulate too: with batch norm it computes another function.)
+    8-sample passes amplify any rounding difference: with the earlier synced layer (float32 math
+    in another rounding order than torch's kernel) steps 1-2 were equal, then 4e-4 apart by step 6;
+    bitwise as torch's kernel they stay within 5e-7."""
     accumulate = {"grad_accumulation": 2}
     baseline = step_losses(_recipe("resnet18", {"name": "single"}, training=accumulate), tmp_path / "single")
     recipe = _recipe("resnet18", {"name": "ddp"}, world_size=2, training=accumulate)
     assert_matches(step_losses(recipe, tmp_path / "ddp"), baseline)
 
 
-def test_allreduce_with_synced_batchnorm_matches_single_process(baselines, tmp_path):
-    recipe = _recipe("resnet18", {"name": "allreduce"}, world_size=2)
+def _float64_step_losses(model: str, world: int, rank: int, accumulation: int, steps: int = 5) -> list[float]:
+    """The global loss of each step of ``model`` in float64, trained on ``world`` ranks as the
+    suite's ddp does (DistributedSampler's order, accumulation chunks under ``no_sync``, DDP's
+    gradient average, synced batch norm) or, at world 1, by one process with torch's batch norm.
+    The recipe path cannot run float64 (data sets give float32), hence this replica of it."""
+    from contextlib import nullcontext
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DistributedSampler
+
+    from suite.strategies import batchnorm
+
+    torch.manual_seed(1)
+    net = build(MODELS[model][0](**SMALL[model]), DataSpec("synthetic", (3, 16, 16), 10)).double()
+    if world > 1:
+        net = DistributedDataParallel(batchnorm.sync(net, dist.group.WORLD, torch.device("cpu")))
+    optimizer = torch.optim.SGD(net.parameters(), lr=OPTIMIZER["lr"], momentum=OPTIMIZER["momentum"])
+    g = torch.Generator().manual_seed(2)
+    images = torch.randn(16 * steps, 3, 16, 16, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 10, (16 * steps,), generator=g)
+    order = list(DistributedSampler(range(16 * steps), num_replicas=world, rank=rank, shuffle=True, seed=1))
+    batch, losses = 16 // world, []
+    for step in range(steps):
+        mine = order[step * batch:(step + 1) * batch]
+        chunks = list(zip(images[mine].chunk(accumulation), labels[mine].chunk(accumulation)))
+        loss_sum = 0.0
+        for i, (x, y) in enumerate(chunks):
+            with net.no_sync() if world > 1 and i < len(chunks) - 1 else nullcontext():
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+                (loss / accumulation).backward()
+            loss_sum += loss.item() / accumulation
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss_sum)
+    if world > 1:
+        total = torch.tensor(losses, dtype=torch.float64)
+        dist.all_reduce(total)
+        losses = (total / world).tolist()
+    return losses
+
+
+def _float64_ddp_rank(model: str, accumulation: int) -> list[float]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        return _float64_step_losses(model, 2, dist.get_rank(), accumulation)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("model, accumulation", [("mobilenet_v2", 1), ("resnet18", 2)])
+def test_ddp_with_synced_batchnorm_computes_single_process_steps_exactly_in_float64(model, accumulation):
+    """ddp's steps ARE single's, free of float32 rounding: for MobileNetV2 the one check there is
+    (see the comment above test_ddp_with_synced_batchnorm_matches_single_process), for ResNet-18
+    with accumulation the exact counterpart of the float32 test above. The samples match because
+    DistributedSampler interleaves the ranks (rank r reads positions r, r+2, ...): the first 4 of
+    each rank's 8 are positions 0-7 of single's 16, single's first accumulation chunk. In float64
+    (2e-12 and 1e-15 apart here) a wrong sample split, a missing cross-rank term in batch norm's
+    backward or per-rank statistics would be 1e-3 and more apart (per-rank: 8e-2), so this test
+    can fail; 1e-9 leaves float64 rounding room."""
+    from tests.harness import run_ranks
+
+    baseline = _float64_step_losses(model, 1, 0, accumulation)
+    synced = run_ranks(_float64_ddp_rank, 2, model, accumulation, timeout_s=240)[0]
+    assert len(synced) == len(baseline) == 5
+    worst = max(abs(a - b) for a, b in zip(synced, baseline))
+    assert worst <= 1e-9, (worst, synced, baseline)
+
+
+@pytest.mark.parametrize("strategy", [{"name": "allreduce"}, {"name": "fsdp"}, {"name": "zero", "stage": 2}],
+                         ids=["allreduce", "fsdp", "zero2"])
+def test_other_data_parallel_strategies_with_synced_batchnorm_match_single_process(strategy, baselines, tmp_path):
+    """The synced layer is applied in the one preparation step every strategy calls, before its
+    wrapper (FSDP2's per-block sharding, DeepSpeed's engine)."""
+    recipe = _recipe("resnet18", strategy, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baselines["resnet18"][0])
 
 
@@ -155,11 +238,11 @@ def test_layer_split_matches_single_process(model, baselines, tmp_path):
     assert_matches(step_losses(recipe, tmp_path), baselines[model][0])
 
 
-@MOBILENET_OPEN
-def test_mobilenet_v2_split_over_2_devices_on_2_ranks_matches_single_process(baselines, tmp_path):
-    """2x2 hybrid: each rank's model in 2 parts, DDP across the ranks, batch norm synced."""
-    recipe = _recipe("mobilenet_v2", {"name": "layer_split"}, world_size=2, **TWO_DEVICES)
-    assert_matches(step_losses(recipe, tmp_path), baselines["mobilenet_v2"][0])
+def test_resnet18_split_over_2_devices_on_2_ranks_matches_single_process(baselines, tmp_path):
+    """2x2 hybrid: each rank's model in 2 parts, DDP across the ranks, batch norm synced over
+    the ranks. (MobileNetV2 here parts from single in float32 as under plain ddp: see above.)"""
+    recipe = _recipe("resnet18", {"name": "layer_split"}, world_size=2, **TWO_DEVICES)
+    assert_matches(step_losses(recipe, tmp_path), baselines["resnet18"][0])
 
 
 # ---- the Keras-style MLP (hidden [128], dropout 0.2, Adam 1e-3) ------------------------------
