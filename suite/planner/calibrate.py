@@ -283,7 +283,7 @@ def calibrate(world: int = 2, max_bytes: int = MAX_BYTES, recipe=None, min_bytes
     print(f"timing {', '.join(alpha_beta.MEASURED)} at {world} ranks, {len(message_sizes)} sizes "
           f"{min_bytes / 2**10:.0f} KiB .. {max_bytes / 2**20:.1f} MiB", flush=True)
     if recipe is not None and recipe.launch.executor == "slurm":
-        measured = run_slurm(recipe.launch, world, message_sizes, folder or Path("runs") / "calibrate-submitit")
+        measured = run_slurm(recipe.launch, world, message_sizes, folder or cache_dir() / "submitit")
     else:
         measured = run_local(world, message_sizes)
     print("measuring compute", flush=True)
