@@ -13,7 +13,8 @@ so that the planner can turn a ``StepProfile`` into seconds (``suite.planner.tim
 
 Ranks: local (the default, and a RECIPE with launch.executor=local) start as plain processes
 on this machine; launch.executor=slurm submits one job of ``--world-size`` tasks through the
-suite's executor (``suite.submit.launch.make_executor``) with the recipe's launch settings. Each
+suite's executor (``suite.submit.launch.make_executor``) with the recipe's launch settings (submitit's
+files under the cache folder below; tested on the local Slurm of ``slurm/``). Each
 rank chooses its device, backend and threads in the one place runs do (``suite.train.dist.init``).
 
 Saved to ``$XDG_CACHE_HOME/scalesuite/calibration/<key>.json`` (key: hosts, backend, threads per
