@@ -38,11 +38,20 @@ COST = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world
 WANDB = {"run_id": "run", "experiment": "experiment", "arm": "arm", "name": "W&B run", "group": "group", "history_rows": "history rows",
          "matches_record": "steps match record", "system_samples": "system samples",
          "cpu_percent_mean": "cpu % mean", "rss_mb_peak": "RSS peak (MB)"}
+PREDICTED = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size", "run_id": "run",
+             "source": "profile", **{f"{k}_{part}": f"{label} {part}" for k, label in
+                                     (("held", "held bytes"), ("peak", "peak memory"), ("step", "step time (s)"),
+                                      ("rate", "samples/s")) for part in ("predicted", "measured", "error")}}
 SKIPPED = {"path": "run folder", "reason": "why skipped"}
 RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size",
         "seed": "seed", "epochs": "epochs", "steps": "steps", "train_time_s": "training time (s)",
         "samples_per_s": "samples/s", "final_train_loss": "train loss", "final_train_accuracy": "train accuracy",
         "final_val_loss": "val loss", "final_val_accuracy": "val accuracy"}
+
+PREDICTED_NOTE = ("The plan's prediction recorded before launch (summary.json `predicted`) against what the run "
+                  "measured; error = predicted / measured - 1. Held bytes and peak memory: the rank with most "
+                  "(peak memory on CPU is the process's maximum resident set, interpreter and libraries included). "
+                  "Profile: fake (the fake run) or analytic (the dry run's estimate).")
 
 
 def parse_args(argv):
@@ -111,6 +120,7 @@ def _main(args) -> int:
     targets = tables.time_to_target_rows(runs, args.target_accuracy, args.target_loss)
     verdicts = tables.verdict_rows(configs)
     costs = tables.cost_rows(runs, prices)
+    predicted = tables.prediction_rows(runs)
     wandb = [] if args.no_wandb else wandb_rows(runs)
     run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "arm": r.arm,
                  "strategy": r.strategy, "world_size": r.world_size, "seed": r.seed,
@@ -119,7 +129,7 @@ def _main(args) -> int:
                  **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]
 
     render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation", "strategy_shown")] if throughput else None)
-    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("cost", costs), ("runs", run_rows),
+    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("cost", costs), ("predicted", predicted), ("runs", run_rows),
                        ("wandb", wandb), ("skipped", [{"path": str(s.path), "reason": s.reason} for s in skipped])):
         render.write_csv(out / f"{name}.csv", rows)
 
@@ -152,6 +162,7 @@ def _main(args) -> int:
             ("Verdicts against the baseline (strategy single, same experiment)", verdicts, VERDICT, tables.NOISE_RULE),
             ("Cost", costs, COST, f"Prices from {args.prices}; device-hours = devices x wall time."),
             ("W&B offline runs", wandb, WANDB, "Read with `python -m wandb leet inspect --json`."),
+            ("Predicted vs measured", predicted, PREDICTED, PREDICTED_NOTE),
             ("Runs", run_rows, RUNS, "Every compared run; the final values are the last epoch's."),
             ("Skipped runs", [{"path": str(s.path), "reason": s.reason} for s in skipped], SKIPPED, "")):
         md.append(f"## {title}\n\n{note}\n\n" + render.markdown(rows, cols))

@@ -228,3 +228,31 @@ def by_model(rows) -> dict:
     for row in rows:
         out[row["model"]].append(row)
     return dict(out)
+
+
+def relative_error(predicted, measured):
+    """predicted / measured - 1 (+0.10: predicted 10 % high), None when either is missing."""
+    return predicted / measured - 1 if predicted and measured else None
+
+
+def prediction_rows(runs) -> list[dict]:
+    """The plan's prediction (summary ``predicted``, ``suite.planner.predict``) beside what the run
+    measured: held bytes and peak memory of the rank that had most, median step time, samples/s."""
+    rows = []
+    for r in runs:
+        s, p = r.summary, r.summary.get("predicted")
+        if not p:
+            continue
+        ranks = s.get("ranks") or []
+        measured = {"held": max((held_total(x.get("held_bytes")) or 0 for x in ranks), default=None),
+                    "peak": max((x.get("peak_memory_bytes") or 0 for x in ranks), default=None),
+                    "step": s.get("step_time_s"), "rate": s.get("samples_per_s")}
+        predicted = {"held": held_total(p.get("held_bytes")), "peak": p.get("peak_bytes"),
+                     "step": p.get("step_time_s"), "rate": p.get("samples_per_s")}
+        row = {"experiment": r.experiment, "strategy": r.strategy, "world_size": r.world_size, "run_id": r.run_id,
+               "source": p.get("source") or p.get("error")}
+        for k in measured:
+            row.update({f"{k}_predicted": predicted[k], f"{k}_measured": measured[k],
+                        f"{k}_error": relative_error(predicted[k], measured[k])})
+        rows.append(row)
+    return rows

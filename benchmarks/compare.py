@@ -5,7 +5,8 @@
 Sections (``--only``): overhead (suite vs a hand-written loop, and equal losses), tracking (default
 tracking vs W&B disabled), pipeline (GPipe/1F1B bubble vs the formula), scaling (world 1 vs 2),
 memory (held bytes vs the dry run's prediction), startup (first step after the command, sweep cost
-per point). Targets are in ``benchmarks/README.md``; a missed one makes the exit code 1. ``--out``
+per point), plan (the prediction each run records vs what it measured: held bytes, peak memory,
+step time). Targets are in ``benchmarks/README.md``; a missed one makes the exit code 1. ``--out``
 receives results.md (with the machine it ran on), every run record and the analysis report.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py and sectio
 
 from common import ROOT, Bench, machine  # noqa: E402
 
-SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment"]
+SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "plan"]
 
 
 def parse_args(argv):

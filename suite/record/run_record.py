@@ -10,6 +10,7 @@ It imports neither torch nor the per-rank code.
 - ``summary.json``: the run's status and results (``Summary`` below), replaced atomically so a
   killed run never leaves half a file;
 - ``errors/rank<N>.txt``: a failed rank's error (first line a timestamp, second the message);
+- ``predicted.json``: the plan's prediction for the run (``suite.planner.predict``);
 - ``job.json``: the job that runs it; ``ranks/rank<N>.json``: each rank's process (pid, host);
 - ``checkpoint/``, ``submitit/``, ``wandb/``: resume state, task logs, W&B's offline files.
 
@@ -98,6 +99,7 @@ class Summary(BaseModel):
     failed_rank: Optional[int] = None
     job_id: Optional[str] = None
     wandb_notice: Optional[str] = None  # W&B fell back to offline, or its export failed
+    predicted: Optional[dict] = None  # the plan's prediction for this run (suite.planner.predict)
 
 
 class BadSummary(ValueError):
@@ -153,6 +155,19 @@ def new_run_dir(name: str, recipe_yaml: str, out) -> Path:
     run_dir.mkdir(parents=True, exist_ok=False)
     (run_dir / "recipe.yaml").write_text(recipe_yaml)
     return run_dir.resolve()
+
+
+def record_predicted(run_dir, predicted: dict) -> None:
+    """The plan's prediction, written before launch; rank 0 copies it into summary.json."""
+    write_json_atomic(Path(run_dir) / "predicted.json", predicted)
+
+
+def read_predicted(run_dir) -> dict | None:
+    path = Path(run_dir) / "predicted.json"
+    try:
+        return read_json(path) if path.exists() else None
+    except (OSError, ValueError):
+        return None
 
 
 def write_json_atomic(path: Path, obj) -> None:

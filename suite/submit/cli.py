@@ -76,6 +76,7 @@ def _main(args) -> int:
             print(recipes.dump(r).rstrip())
             print(run_record.job_line(r))
             print(_estimate_text(est))
+            print(_predicted_text(r))
             print("---")
         print(f"{len(points)} job(s); nothing launched (--dry-run)")
         return 0
@@ -88,7 +89,29 @@ def _main(args) -> int:
     if pool:  # the first point's run folder is the one the pool was started in
         (pool.home / "recipe.yaml").write_text(recipes.dump(points[0]))
         runs.insert(0, (points[0], pool.home))
+    _record_predictions(runs)
     return _run_all(runs, out, wait=not args.no_wait, pool=pool)
+
+
+def _record_predictions(runs) -> None:
+    """The plan's prediction for each run, into its folder before launch (the summary takes it)."""
+    from suite.planner.predict import prediction
+
+    for r, run_dir in runs:
+        run_record.record_predicted(run_dir, prediction(r))
+
+
+def _predicted_text(recipe) -> str:
+    from suite.planner.predict import prediction
+
+    p = prediction(recipe)
+    if "error" in p:
+        return f"  predicted step time: not predicted ({p['error']})"
+    if p.get("step_time_s") is None:
+        return f"  predicted step time: not predicted ({'; '.join(p['notes'])})"
+    return (f"  predicted step time {p['step_time_s'] * 1e3:.1f} ms ({p['samples_per_s']:.0f} samples/s; "
+            f"compute {p['compute_s'] * 1e3:.1f} ms, communication {p['comm_s'] * 1e3:.1f} ms of which "
+            f"{p['exposed_comm_s'] * 1e3:.1f} ms exposed; {p['source']} profile)")
 
 
 def _resume(args) -> int:

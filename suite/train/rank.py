@@ -200,6 +200,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "finished_at": time.time(),
         "attempts": loop.attempts,
         "torch": torch.__version__,
+        "predicted": run_record.read_predicted(run_dir),  # written before launch by suite.submit
         **run_level,
     }
     run_record.write_summary(run_dir, summary)  # replaces: no stale field of an earlier attempt stays

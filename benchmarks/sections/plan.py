@@ -1,0 +1,73 @@
+"""Plan: the prediction every run records (summary ``predicted``, ``suite.planner.predict``) against
+what it measured: held bytes, peak memory and step time, for the data-parallel strategies at world
+1-4 (targets) and for pipeline and tensor parallel (error reported, no target). The collectives and
+the model's rate are calibrated first (``python -m suite.calibrate``) on this machine."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from common import BASE, ROOT, Bench, Section, median
+
+HELD, PEAK, STEP = 0.05, 0.20, 0.25  # largest |predicted / measured - 1| allowed
+SHAPE = ["model={name: mlp, hidden: [512, 512]}", "data.shape=[1, 28, 28]", "training.epochs=1",
+         "tracking.wandb=disabled"]
+TARGETED = {"ddp": "{name: ddp}", "allreduce": "{name: allreduce}", "zero1": "{name: zero, stage: 1}",
+            "zero2": "{name: zero, stage: 2}", "zero3": "{name: zero, stage: 3}", "fsdp": "{name: fsdp}"}
+REPORTED = {"pipeline": "{name: pipeline}", "tensor": "{name: tensor}"}
+
+
+def _error(predicted, measured):
+    return predicted / measured - 1 if predicted and measured else None
+
+
+def _errors(got: list[dict]) -> dict:
+    """Relative errors of held bytes, peak memory and step time (median over repeats)."""
+    p = got[0].get("predicted") or {}
+    held = median(max(sum(r["held_bytes"].values()) for r in g["ranks"]) for g in got)
+    peak = median(max(r["peak_memory_bytes"] for r in g["ranks"]) for g in got)
+    step = median(g["step_time_s"] for g in got)
+    return {"source": p.get("source") or p.get("error"), "held": _error(sum((p.get("held_bytes") or {}).values()), held),
+            "peak": _error(p.get("peak_bytes"), peak), "step": _error(p.get("step_time_s"), step),
+            "step_predicted": p.get("step_time_s"), "step_measured": step}
+
+
+def calibrate(bench: Bench) -> str:
+    command = [sys.executable, "-m", "suite.calibrate", str(BASE), *SHAPE,
+               "--max-bytes", str(2**22 if bench.quick else 2**26), "--out", str(bench.out / "plan" / "calibration.json")]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"calibration failed:\n{proc.stderr.strip()[-2000:]}")
+    return "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("  "))
+
+
+def run(bench: Bench) -> Section:
+    s = Section("Plan: predicted vs measured")
+    table = calibrate(bench)
+    steps = ["training.max_steps=8" if bench.quick else "training.max_steps=24"]
+    configs = [("single", "{name: single}", 1, False)]
+    configs += [(label, strategy, world, True) for label, strategy in TARGETED.items() for world in (2, 4)]
+    configs += [(label, strategy, 2, False) for label, strategy in REPORTED.items()]
+    rows, results = [], []
+    for label, strategy, world, targeted in configs:
+        got = [bench.submit(f"plan/{label}-w{world}-{rep}", [*SHAPE, *steps, f"strategy={strategy}",
+                                                              f"launch.tasks_per_node={world}"])
+               for rep in range(bench.repeats)]
+        e = _errors(got)
+        results.append((label, world, targeted or label == "single", e))
+        rows.append([label, world, e["source"], e["held"], e["peak"], e["step_predicted"], e["step_measured"], e["step"]])
+    s.lines += ["MLP 784-512-512-10, Adam, fp32, global batch 128 (`base.yaml` with the memory section's model); "
+                f"error = predicted / measured - 1, medians of {bench.repeats} run(s). World 4 runs 4 ranks on 2 cores. "
+                "Calibration first (`python -m suite.calibrate`, its table below); each run's prediction is the one it "
+                "recorded before launch. Peak memory on CPU is the process's maximum resident set.", "",
+                "```", table, "```", ""]
+    s.table(["strategy", "world", "profile", "held error", "peak error", "step predicted (s)", "step measured (s)",
+             "step error"], rows)
+    for label, world, targeted, e in results:
+        if not targeted:
+            continue
+        for key, bound, what in (("held", HELD, "held bytes"), ("peak", PEAK, "peak memory"), ("step", STEP, "step time")):
+            value = e[key]
+            s.check(f"{label} at world {world}: {what} within {bound:.0%} of measured",
+                    "not predicted" if value is None else f"{value:+.1%}", value is not None and abs(value) <= bound)
+    return s

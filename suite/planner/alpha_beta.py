@@ -1,0 +1,96 @@
+"""The alpha-beta cost of one collective call, per kind, and its fit to measured times.
+
+A call of kind k on N ranks with a message of n bytes (``StepProfile``'s convention: the buffer a
+rank hands to the call; all_gather's output, reduce_scatter's input) takes
+
+    t = a_k(N) * alpha + b_k(N) * n / beta
+
+alpha: latency per message step (s); beta: bandwidth of one link (bytes/s). The factors are those
+of the algorithm assumed for each kind (``FACTORS``):
+
+    all_reduce      ring: reduce-scatter then all-gather   a = 2(N-1)       b = 2(N-1)/N
+    all_gather      ring                                   a = N-1          b = (N-1)/N
+    reduce_scatter  ring                                   a = N-1          b = (N-1)/N
+    all_to_all      pairwise exchange                      a = N-1          b = (N-1)/N
+    broadcast       binomial tree                          a = ceil(log2 N) b = ceil(log2 N)
+    send, recv      one point-to-point message             a = 1            b = 1
+    barrier         a one-element all_reduce               a = 2(N-1)       b = 0
+
+The calibration measures at one world size (2 on one machine) and fits alpha and beta of each
+kind from it; the planner then evaluates the formula at any N. That the backend uses these
+algorithms at larger N, and that links between nodes are as fast as the ones measured, is an
+assumption: calibrate on the nodes and world size you will use to remove it. Kinds the
+calibration does not time borrow the fit of a measured kind (``BORROWED``).
+"""
+from __future__ import annotations
+
+import math
+
+FACTORS = {
+    "all_reduce": lambda n: (2 * (n - 1), 2 * (n - 1) / n),
+    "all_gather": lambda n: (n - 1, (n - 1) / n),
+    "reduce_scatter": lambda n: (n - 1, (n - 1) / n),
+    "all_to_all": lambda n: (n - 1, (n - 1) / n),
+    "broadcast": lambda n: (math.ceil(math.log2(n)), math.ceil(math.log2(n))),
+    "send": lambda n: (1, 1),
+    "recv": lambda n: (1, 1),
+    "barrier": lambda n: (2 * (n - 1), 0),
+}
+FORMULAS = {
+    "all_reduce": "2(N-1)·α + 2(N-1)/N · n/β", "all_gather": "(N-1)·α + (N-1)/N · n/β",
+    "reduce_scatter": "(N-1)·α + (N-1)/N · n/β", "all_to_all": "(N-1)·α + (N-1)/N · n/β",
+    "broadcast": "⌈log2 N⌉·(α + n/β)", "send": "α + n/β", "recv": "α + n/β", "barrier": "2(N-1)·α",
+}
+# Timed by the calibration: send and recv are one measurement (a ping-pong, half the round trip).
+MEASURED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
+BORROWED = {"recv": "send", "all_to_all": "all_gather", "barrier": "all_reduce"}
+
+
+def call_time_s(kind: str, world: int, n_bytes: float, alpha_s: float, beta_bytes_per_s: float,
+                calls: int = 1) -> float:
+    """Time of ``calls`` calls of ``kind`` on ``world`` ranks moving ``n_bytes`` in total."""
+    if world <= 1 or calls <= 0:
+        return 0.0  # one rank: torch.distributed returns without communicating
+    a, b = FACTORS[kind](world)
+    return calls * a * alpha_s + b * n_bytes / beta_bytes_per_s
+
+
+def fit(kind: str, world: int, points: list[tuple[float, float]]) -> dict:
+    """alpha_s, beta_bytes_per_s from (bytes, seconds) measured at ``world`` ranks.
+
+    Least squares of t = c0 + c1 n weighted by 1/t, i.e. on relative error, so that the small
+    messages (which fix alpha) count as much as the large ones (which fix beta). When noise (a
+    busy machine) makes c0 or c1 non-positive, the Theil-Sen line (median of the pairwise slopes,
+    median intercept) replaces it, robust to a few slow points; ``method`` says which was used."""
+    a, b = FACTORS[kind](world)
+    c0, c1, method = *_weighted_least_squares(points), "least squares (relative)"
+    if c0 <= 0 or c1 <= 0:
+        c0, c1, method = *_theil_sen(points), "Theil-Sen (least squares gave a non-positive term)"
+    if c0 <= 0 or c1 <= 0:  # still: the smallest message is all latency, the largest all bandwidth
+        c0, c1, method = min(t for _, t in points), max(points)[1] / max(points)[0], "bounds"
+    errors = [abs(c0 + c1 * n - t) / t for n, t in points]
+    return {"alpha_s": c0 / a, "beta_bytes_per_s": b / c1, "formula": FORMULAS[kind], "world_size": world,
+            "method": method, "points": [[int(n), t] for n, t in points], "max_relative_error": max(errors),
+            "median_relative_error": sorted(errors)[len(errors) // 2]}
+
+
+def _weighted_least_squares(points) -> tuple[float, float]:
+    w2 = [1 / t ** 2 for _, t in points]
+    sw = sum(w2)
+    sx = sum(w * n for w, (n, _) in zip(w2, points))
+    sxx = sum(w * n * n for w, (n, _) in zip(w2, points))
+    sy = sum(w * t for w, (_, t) in zip(w2, points))
+    sxy = sum(w * n * t for w, (n, t) in zip(w2, points))
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        return -1.0, -1.0
+    return (sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det
+
+
+def _theil_sen(points) -> tuple[float, float]:
+    slopes = sorted((tj - ti) / (nj - ni) for i, (ni, ti) in enumerate(points) for nj, tj in points[i + 1:] if nj != ni)
+    if not slopes:
+        return -1.0, -1.0
+    c1 = slopes[len(slopes) // 2]
+    intercepts = sorted(t - c1 * n for n, t in points)
+    return intercepts[len(intercepts) // 2], c1

@@ -1,0 +1,370 @@
+"""``python -m suite.calibrate``: measure this cluster's compute rate and collective costs once,
+so that the planner can turn a ``StepProfile`` into seconds (``suite.planner.timing``).
+
+    python -m suite.calibrate [RECIPE [key=value ...]] [--world-size N] [--max-bytes B] [--out FILE]
+
+- compute: the measured matmul peak (``suite.record.peak``) at each thread count a rank may get
+  on a node (1 .. cores), and, given a RECIPE, the rate its model achieves: a forward, backward
+  and optimizer step at the rank batch of a run at ``--world-size``, FLOPs counted as the runs
+  count them (``suite.record.flops``) over the median time.
+- collectives: every kind of ``alpha_beta.MEASURED`` at ``--world-size`` ranks (default 2) over
+  message sizes 4 KB .. ``--max-bytes`` (x4 apart), the median of repetitions of each, then
+  alpha and beta fitted per kind (``alpha_beta.fit``; the formulas and their assumption there).
+
+Ranks: local (the default, and a RECIPE with launch.executor=local) start as plain processes
+on this machine; launch.executor=slurm submits one job of ``--world-size`` tasks through the
+suite's executor (``suite.submit.launch.make_executor``) with the recipe's launch settings (submitit's
+files under the cache folder below; tested on the local Slurm of ``slurm/``). Each
+rank chooses its device, backend and threads in the one place runs do (``suite.train.dist.init``).
+
+Saved to ``$XDG_CACHE_HOME/scalesuite/calibration/<key>.json`` (key: hosts, backend, threads per
+rank; ``load`` finds it) and to ``--out``; a table is printed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from suite.planner import alpha_beta, timing
+
+MIN_BYTES = 4096
+MAX_BYTES = 64 * 2**20
+WARMUP = 3  # untimed calls per size: the first calls of a kind are several times slower
+ROUNDS = 7  # timed calls per size (median taken), interleaved over sizes (time_collectives)
+SMALL_CALLS = 3  # messages under SMALL_BYTES get this many per round: latency-bound, noisy, cheap
+SMALL_BYTES = 2**20
+CALIBRATION_DIR = "calibration"
+
+
+def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
+    out, n = [], min_bytes
+    while n <= max_bytes:
+        out.append(n)
+        n *= 4
+    return out
+
+
+# ---- on every rank -------------------------------------------------------------------------
+
+def _op(kind: str, n_bytes: int, world: int, rank: int):
+    """A function making one call of ``kind`` with a message of ``n_bytes`` (fp32 elements)."""
+    import torch
+    import torch.distributed as dist
+
+    n = max(world, n_bytes // 4 // world * world)  # divisible by world: gather/scatter shards
+    if kind == "all_reduce":
+        buf = torch.ones(n)
+        return lambda: dist.all_reduce(buf)
+    if kind == "all_gather":  # message = the output buffer
+        out, mine = torch.empty(n), torch.ones(n // world)
+        return lambda: dist.all_gather_into_tensor(out, mine)
+    if kind == "reduce_scatter":  # message = the input buffer
+        inp, out = torch.ones(n), torch.empty(n // world)
+        return lambda: dist.reduce_scatter_tensor(out, inp)
+    if kind == "broadcast":
+        buf = torch.ones(n)
+        return lambda: dist.broadcast(buf, src=0)
+    if kind == "send":  # ranks 0 and 1 ping-pong; a call = half the round trip (others wait)
+        buf = torch.ones(n)
+
+        def ping_pong():
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+        return ping_pong
+    raise ValueError(kind)
+
+
+def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None) -> dict:
+    """{kind: [(bytes, median seconds), ...]}: each size's per-call time, the slowest rank's median
+    (a collective ends for the job when its slowest rank is done).
+
+    The sizes of a kind are timed in rounds (every size once per round, ``ROUNDS`` rounds) rather
+    than one size after another, so that a busy spell of the machine slows one call of every size
+    instead of all calls of one size; each call starts after a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for kind in kinds:
+        calls = [_op(kind, n_bytes, world, rank) for n_bytes in message_sizes]
+        for call in calls:
+            for _ in range(WARMUP):  # connections, buffers, the kind's first-call setup
+                call()
+        times = [[] for _ in message_sizes]
+        for _ in range(ROUNDS):
+            for i, (n_bytes, call) in enumerate(zip(message_sizes, calls)):
+                for _ in range(SMALL_CALLS if n_bytes < SMALL_BYTES else 1):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    call()
+                    times[i].append(time.perf_counter() - t0)
+        medians = torch.tensor([statistics.median(t) / (2 if kind == "send" else 1) for t in times], dtype=torch.float64)
+        dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+        out[kind] = [(n, float(t)) for n, t in zip(message_sizes, medians)]
+        if progress:
+            progress(f"  {kind:<15} " + "  ".join(f"{n / 2**10:.0f} KiB {t * 1e3:.3f} ms" for n, t in out[kind]))
+    return out
+
+
+def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, device: str = "cpu") -> dict | None:
+    """One rank of the calibration (its environment set by the launcher): rank 0 returns the
+    measurements, the others None."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from suite.train import dist as suite_dist
+
+    # torch 2.14 calls reduce_scatter_tensor deprecated (for a name no older torch has); the call is the same.
+    warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
+    ctx = suite_dist.init(device)
+    try:
+        progress = (lambda line: print(line, flush=True)) if ctx.rank == 0 else None
+        points = time_collectives(kinds, message_sizes, ctx.world_size, ctx.rank, progress)
+        hosts = [None] * ctx.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        import torch
+
+        return {"points": points, "hosts": sorted(set(hosts)), "backend": ctx.backend,
+                "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
+    finally:
+        suite_dist.close()
+
+
+def _spawned(index: int, world: int, port: int, message_sizes, queue) -> None:
+    os.environ.update(RANK=str(index), WORLD_SIZE=str(world), LOCAL_RANK=str(index),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    result = rank_main(world, message_sizes)
+    if result is not None:
+        queue.put(result)
+
+
+def run_local(world: int, message_sizes: list[int]) -> dict:
+    """``world`` ranks as processes on this machine; rank 0's measurements. Forked where the
+    platform can (a spawned rank imports torch again: ~5 s on 2 busy cores), before this process
+    has run any torch operation, so no thread pool is forked half-way."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    from suite.train.dist import free_port
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    queue = mp.get_context(method).SimpleQueue()
+    mp.start_processes(_spawned, args=(world, free_port(), message_sizes, queue), nprocs=world,
+                       join=True, start_method=method)
+    return queue.get()
+
+
+class CalibrateTask:
+    """What each submitit task of a Slurm calibration runs (rendezvous as a run's ranks do)."""
+
+    def __init__(self, world: int, message_sizes: list[int], device: str):
+        self.world, self.message_sizes, self.device = world, message_sizes, device
+
+    def __call__(self):
+        import submitit
+
+        from suite.submit.launch import join_rendezvous
+
+        join_rendezvous(submitit.JobEnvironment(), None)
+        return rank_main(self.world, self.message_sizes, device=self.device)
+
+
+def run_slurm(launch, world: int, message_sizes: list[int], folder: Path) -> dict:
+    """One Slurm job of ``world`` tasks with the recipe's launch settings; rank 0's measurements."""
+    from suite.submit.launch import make_executor
+
+    nodes = max(1, -(-world // launch.tasks_per_node))
+    launch = launch.model_copy(update={"nodes": nodes, "tasks_per_node": world // nodes})
+    job = make_executor(launch, folder).submit(CalibrateTask(world, message_sizes, launch.device))
+    print(f"submitted Slurm job {job.job_id} ({nodes} node(s), {world} task(s)); waiting", flush=True)
+    return next(r for r in job.results() if r is not None)
+
+
+# ---- compute ---------------------------------------------------------------------------------
+
+def compute_rates(precision: str = "fp32") -> dict:
+    """The measured matmul peak per thread count 1 .. cores (``suite.record.peak``, cached)."""
+    import torch
+
+    from suite.record import peak
+
+    before, by_threads = torch.get_num_threads(), {}
+    try:
+        for threads in range(1, len(os.sched_getaffinity(0)) + 1):
+            torch.set_num_threads(threads)
+            by_threads[str(threads)] = peak.cpu_peak(precision)["peak_flops_per_s"]
+    finally:
+        torch.set_num_threads(before)
+    return {"precision": precision, "cores": len(os.sched_getaffinity(0)), "peak_flops_per_s_by_threads": by_threads}
+
+
+def model_rate(recipe, world: int, threads: int, steps: int = 5) -> dict | None:
+    """The FLOP rate the recipe's model achieves in a training step (forward, backward, optimizer)
+    at the rank batch of a data-parallel run at ``world`` ranks, on ``threads`` threads."""
+    import torch
+
+    from suite.models import build as build_model
+    from suite.record import flops
+
+    spec = recipe.data.spec()
+    batch = max(1, recipe.training.batch_size // world)
+    step_flops = flops.train_step_flops(recipe)
+    if not step_flops:
+        return None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(recipe.model, spec)
+            dtype = getattr(torch, spec.input_dtype)
+            inputs = (torch.randint(0, 2, (batch, *spec.input_shape)) if dtype == torch.int64
+                      else torch.randn(batch, *spec.input_shape))
+            optimizer = torch.optim.Adam(model.parameters())
+            times = []
+            for _ in range(steps + 1):
+                t0 = time.perf_counter()
+                optimizer.zero_grad()
+                model(inputs).float().sum().backward()
+                optimizer.step()
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    step_s = statistics.median(times[1:])
+    rank_flops = step_flops * batch / recipe.training.batch_size
+    return {"model": recipe.model.name, "recipe": recipe.name, "rank_batch": batch, "threads": threads,
+            "step_s": step_s, "flops_per_s": rank_flops / step_s}
+
+
+# ---- the file --------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "scalesuite" / CALIBRATION_DIR
+
+
+def key(hosts, backend: str, threads: int) -> str:
+    name = "+".join(hosts) if len(hosts) <= 4 else f"{hosts[0]}+{len(hosts) - 1}more"
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{name}-{backend}-{threads}threads")
+
+
+def load(path=None, backend: str | None = None) -> dict | None:
+    """A calibration: ``path``, else this host's newest in the cache (of ``backend`` if given);
+    None when there is none."""
+    if path:
+        return json.loads(Path(path).read_text())
+    host = re.sub(r"[^A-Za-z0-9_.+-]", "_", socket.gethostname())
+    found = sorted(cache_dir().glob(f"*{host}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for p in found:
+        try:
+            c = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if backend is None or c.get("backend") == backend:
+            return c
+    return None
+
+
+def calibrate(world: int = 2, max_bytes: int = MAX_BYTES, recipe=None, min_bytes: int = MIN_BYTES,
+              folder: Path | None = None) -> dict:
+    """Measure and fit; the calibration as a dict (not yet saved)."""
+    started = time.perf_counter()
+    message_sizes = sizes(min_bytes, max_bytes)
+    print(f"timing {', '.join(alpha_beta.MEASURED)} at {world} ranks, {len(message_sizes)} sizes "
+          f"{min_bytes / 2**10:.0f} KiB .. {max_bytes / 2**20:.1f} MiB", flush=True)
+    if recipe is not None and recipe.launch.executor == "slurm":
+        measured = run_slurm(recipe.launch, world, message_sizes, folder or cache_dir() / "submitit")
+    else:
+        measured = run_local(world, message_sizes)
+    print("measuring compute", flush=True)
+    compute = compute_rates()
+    rate = model_rate(recipe, world, measured["threads"]) if recipe is not None else None
+    compute["models"] = {timing.model_key(recipe): rate} if rate else {}
+    fits = {kind: alpha_beta.fit(kind, world, [tuple(p) for p in points]) for kind, points in measured["points"].items()}
+    return {"key": key(measured["hosts"], measured["backend"], measured["threads"]), "hosts": measured["hosts"],
+            "backend": measured["backend"], "threads": measured["threads"], "world_size": world,
+            "measured_at": time.time(), "load_average_1m": os.getloadavg()[0], "took_s": time.perf_counter() - started,
+            "compute": compute, "collectives": fits, "borrowed": dict(alpha_beta.BORROWED)}
+
+
+def save(calibration: dict, out: Path | None = None) -> list[Path]:
+    """Into the cache (keeping the rates of models an earlier calibration of this key measured)
+    and ``out``."""
+    from suite.record.run_record import write_json_atomic
+
+    cached = cache_dir() / f"{calibration['key']}.json"
+    try:
+        earlier = json.loads(cached.read_text())["compute"].get("models") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        earlier = {}
+    calibration["compute"]["models"] = {**earlier, **calibration["compute"].get("models", {})}
+    paths = [cached] + ([Path(out)] if out else [])
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(p, calibration)
+    return paths
+
+
+def table(calibration: dict) -> str:
+    lines = [f"{'kind':<15} {'α (µs)':>9} {'β (MB/s)':>10} {'median/max error':>17}  "
+             f"formula (N = world size, n = bytes)"]
+    for kind, f in calibration["collectives"].items():
+        lines.append(f"{kind:<15} {f['alpha_s'] * 1e6:>9.1f} {f['beta_bytes_per_s'] / 1e6:>10.0f} "
+                     f"{f['median_relative_error'] * 100:>8.0f}% {f['max_relative_error'] * 100:>6.0f}%  {f['formula']}")
+    c = calibration["compute"]
+    lines.append("compute peak: " + ", ".join(f"{t} thread(s) {r / 1e9:.1f} GFLOP/s"
+                                              for t, r in c["peak_flops_per_s_by_threads"].items()))
+    for m in c.get("models", {}).values():
+        lines.append(f"model {m['model']} at rank batch {m['rank_batch']}, {m['threads']} thread(s): "
+                     f"{m['flops_per_s'] / 1e9:.2f} GFLOP/s achieved ({m['step_s'] * 1e3:.1f} ms per step)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from suite.errors import SuiteError, one_line
+
+    p = argparse.ArgumentParser(prog="python -m suite.calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("recipe", nargs="?", help="a recipe: its launch settings and its model's achieved rate")
+    p.add_argument("overrides", nargs="*", help="key.path=value")
+    p.add_argument("--world-size", type=int, default=None, help="ranks to time collectives at (default: the "
+                   "recipe's world size, at least 2; 2 without a recipe)")
+    p.add_argument("--max-bytes", type=int, default=MAX_BYTES, help="largest message (default 64 MiB)")
+    p.add_argument("--out", help="also write the calibration JSON here")
+    args = p.parse_intermixed_args(argv)
+
+    def _run(args) -> int:
+        recipe = None
+        if args.recipe:
+            from suite import recipe as recipes
+
+            recipe = recipes.load(args.recipe, args.overrides)[0]
+        world = args.world_size or max(2, recipe.world_size if recipe else 2)
+        if world < 2:
+            raise SuiteError(f"--world-size {world}: collectives need at least 2 ranks; use --world-size 2")
+        if args.max_bytes < MIN_BYTES:
+            raise SuiteError(f"--max-bytes {args.max_bytes}: below the smallest message ({MIN_BYTES}); "
+                             f"use --max-bytes {MIN_BYTES} or more")
+        c = calibrate(world, args.max_bytes, recipe)
+        paths = save(c, args.out)
+        print(table(c))
+        print(f"took {c['took_s']:.1f} s; saved {', '.join(map(str, paths))}")
+        return 0
+
+    return one_line(_run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

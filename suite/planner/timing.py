@@ -1,0 +1,137 @@
+"""From a ``StepProfile`` and a calibration (``python -m suite.calibrate``) to a predicted step time.
+
+    compute_s = profile.flops / rate
+    comm_s    = sum over kinds k of  calls_k · a_k(N) · α_k + b_k(N) · bytes_k / β_k   (alpha_beta)
+    exposed   = comm_s - hidden,  hidden = min(Σ_k overlap_k · comm_k, window of compute)
+    step_s    = compute_s / (1 - bubble) + exposed_comm_s
+    samples/s = profile.samples / step_s
+
+rate: the matmul peak at the threads a rank gets (cores // ranks per node, and a share of the
+cores when more ranks than cores share a node), times the model's efficiency (its achieved rate
+over the peak at the same threads) when the calibration measured the recipe's model; the
+efficiency is assumed not to change with batch size or thread count. Without it the peak is
+used, and the predicted compute is a lower bound.
+
+``OVERLAP`` below is every strategy's overlap rule, in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from suite.planner import alpha_beta
+from suite.planner.profile import StepProfile
+
+BACKWARD_SHARE = 2 / 3  # backward ≈ 2 x forward FLOPs: the window a gradient reduction can hide in
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which collective kinds may run while the rank computes, the share of their time assumed
+    hidden, and under which part of the compute ("backward" or "step": forward + backward)."""
+    share: dict[str, float] = field(default_factory=dict)
+    window: str = "backward"
+    why: str = ""
+
+
+DDP_SHARE = 0.5
+OVERLAP = {
+    "single": Overlap(why="no communication"),
+    "ddp": Overlap({"all_reduce": DDP_SHARE}, "backward",
+                   "gradient buckets are all-reduced while backward computes the next ones; the last bucket "
+                   "always waits, and on CPU gloo's threads share the cores with backward: half assumed hidden"),
+    "allreduce": Overlap(why="one all-reduce of every gradient after backward: nothing hidden"),
+    "zero1": Overlap(why="DeepSpeed reduces gradient partitions in backward hooks and all-gathers updated "
+                         "parameters after the step, without overlap_comm on CPU: nothing hidden"),
+    "zero2": Overlap(why="as stage 1: nothing hidden"),
+    "zero3": Overlap({"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
+                     "parameters are prefetched (all-gathered) ahead of the layer that needs them and "
+                     "gradients reduce-scattered behind backward: half assumed hidden under forward + backward"),
+    "fsdp": Overlap({"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
+                    "forward/backward prefetch all-gathers the next unit's parameters while this one computes; "
+                    "reduce-scatters run behind backward: half assumed hidden under forward + backward"),
+    "tensor": Overlap(why="the all-reduces sit inside each layer's forward and backward: nothing hidden"),
+    "pipeline": Overlap(why="activations sent between stages are on the critical path; the bubble "
+                            "(K-1)/(M+K-1) idles each stage"),
+}
+ALIASES = {"fsdp1": "fsdp", "fairscale_fsdp": "fsdp", "oss": "zero1", "layer_split": "pipeline",
+           "ds_pipeline": "pipeline", "fairscale_pipe": "pipeline", "zero0": "allreduce"}
+
+
+def rule(options: dict) -> tuple[str, Overlap]:
+    """The overlap rule of a strategy (``options``: name, and stage for zero)."""
+    name = options.get("name", "single")
+    if name == "zero":
+        name = f"zero{options.get('stage', 2)}"
+    name = ALIASES.get(name, name)
+    return name, OVERLAP.get(name, Overlap(why=f"{name}: no overlap rule; nothing assumed hidden"))
+
+
+def model_key(recipe) -> str:
+    """How a calibration names the model it measured: model.name and a digest of model.*."""
+    import hashlib
+
+    digest = hashlib.sha256(recipe.model.model_dump_json().encode()).hexdigest()[:8]
+    return f"{recipe.model.name}-{digest}"
+
+
+def options_of(recipe) -> dict:
+    """The strategy options the time model needs, from a recipe."""
+    plan = recipe.plan()
+    return {"name": recipe.strategy.name, "stage": getattr(recipe.strategy, "stage", None),
+            "stages": plan.axes.get("pipeline", 1), "chunks": plan.pipeline_chunks,
+            "ranks_per_node": recipe.launch.tasks_per_node, "model": model_key(recipe)}
+
+
+def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = None) -> tuple[float, str]:
+    """(FLOP/s of one rank, how it was found)."""
+    c = calibration["compute"]
+    by_threads = {int(t): r for t, r in c["peak_flops_per_s_by_threads"].items()}
+    cores = c["cores"]
+    threads = max(1, cores // max(1, ranks_per_node))
+    peak = by_threads.get(threads) or by_threads[max(by_threads)]
+    share = min(1.0, cores / (max(1, ranks_per_node) * threads))  # ranks beyond the cores share them
+    m = (c.get("models") or {}).get(model) if model else None
+    if m:
+        efficiency = m["flops_per_s"] / (by_threads.get(m["threads"]) or peak)
+        return peak * share * efficiency, (f"peak at {threads} thread(s) x model efficiency {efficiency:.2f}"
+                                           + (f" x core share {share:.2f}" if share < 1 else ""))
+    return peak * share, f"matmul peak at {threads} thread(s)" + (f" x core share {share:.2f}" if share < 1 else "")
+
+
+def comm_time_s(profile: StepProfile, calibration: dict) -> dict[str, float]:
+    """Seconds per step of each collective kind the profile uses."""
+    fits, out = calibration["collectives"], {}
+    for kind, calls in profile.comm_calls.items():
+        if not calls:
+            continue
+        source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
+        f = fits[source]
+        out[kind] = alpha_beta.call_time_s(kind, profile.world_size, profile.comm_bytes.get(kind, 0),
+                                           f["alpha_s"], f["beta_bytes_per_s"], calls)
+    return out
+
+
+def predict_step_time(profile: StepProfile, calibration: dict, options: dict | None = None) -> dict:
+    """compute_s, comm_s, exposed_comm_s, step_s, samples_per_s (and the parts) for one step.
+
+    ``options``: name (strategy), stage (zero), stages and chunks (pipeline K and M),
+    ranks_per_node (default: the world size, one node), model (to use its measured efficiency)."""
+    options = {"name": profile.strategy, **(options or {})}
+    rate, rate_note = compute_rate(calibration, options.get("ranks_per_node") or profile.world_size,
+                                   options.get("model"))
+    compute_s = profile.flops / rate
+    per_kind = comm_time_s(profile, calibration)
+    comm_s = sum(per_kind.values())
+    name, overlap = rule(options)
+    window_s = compute_s * (BACKWARD_SHARE if overlap.window == "backward" else 1.0)
+    hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in per_kind.items()), window_s)
+    bubble = 0.0
+    if name == "pipeline":
+        k, m = options.get("stages") or profile.world_size, options.get("chunks") or 1
+        bubble = (k - 1) / (m + k - 1)
+    exposed_s = comm_s - hidden_s
+    step_s = compute_s / (1 - bubble) + exposed_s
+    return {"compute_s": compute_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,
+            "samples_per_s": profile.samples / step_s if step_s > 0 else None,
+            "comm_s_by_kind": per_kind, "bubble": bubble, "flops_per_s": rate, "rate": rate_note,
+            "overlap_rule": overlap.why}

@@ -1,0 +1,205 @@
+"""python -m suite.calibrate (alpha-beta fits of gloo collectives at world 2) and the time model
+that turns a StepProfile into a predicted step time; the report's predicted-vs-measured table."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from suite.planner import alpha_beta, calibrate, timing
+from suite.planner.profile import StepProfile
+
+ALPHA_S, BETA = 1e-4, 1e9  # a hand-made calibration: 100 µs, 1 GB/s, for every kind
+
+
+def _calibration(peak_1=1e10, peak_2=1.6e10, cores=2, models=None, fits=None) -> dict:
+    fits = fits or {k: {"alpha_s": ALPHA_S, "beta_bytes_per_s": BETA} for k in alpha_beta.MEASURED}
+    return {"key": "hand", "compute": {"cores": cores, "models": models or {},
+                                       "peak_flops_per_s_by_threads": {"1": peak_1, "2": peak_2}},
+            "collectives": fits}
+
+
+def _profile(strategy="ddp", world=2, flops=10**9, comm=None, samples=64) -> StepProfile:
+    comm = comm or {}
+    return StepProfile(strategy=strategy, world_size=world, held_bytes={}, peak_bytes=0, flops=flops,
+                       samples=samples, comm_bytes={k: b for k, (b, _) in comm.items()},
+                       comm_calls={k: c for k, (_, c) in comm.items()})
+
+
+# ---- the fit -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("kind", alpha_beta.MEASURED)
+def test_fit_recovers_alpha_and_beta_from_times_the_formula_made(kind, world):
+    alpha_s, beta = 3e-5, 2.5e9
+    points = [(n, alpha_beta.call_time_s(kind, world, n, alpha_s, beta)) for n in calibrate.sizes(4096, 64 * 2**20)]
+    f = alpha_beta.fit(kind, world, points)
+    assert f["method"].startswith("least squares")
+    assert math.isclose(f["alpha_s"], alpha_s, rel_tol=1e-6) and math.isclose(f["beta_bytes_per_s"], beta, rel_tol=1e-6)
+    assert f["max_relative_error"] < 1e-6
+
+
+def test_fit_of_noisy_times_stays_positive_and_robust_to_one_slow_point():
+    alpha_s, beta = 2e-4, 1e9
+    points = [(n, alpha_beta.call_time_s("all_reduce", 2, n, alpha_s, beta)) for n in calibrate.sizes(4096, 16 * 2**20)]
+    points[0] = (points[0][0], points[0][1] * 30)  # a busy spell at the smallest size: least squares' intercept goes wrong
+    points[1] = (points[1][0], points[1][1] * 0.2)
+    f = alpha_beta.fit("all_reduce", 2, points)
+    assert f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0
+    assert math.isclose(f["beta_bytes_per_s"], beta, rel_tol=0.2), f
+
+
+def test_formulas_scale_with_world_size_as_stated():
+    n = 8 * 2**20
+    assert alpha_beta.call_time_s("all_reduce", 4, n, ALPHA_S, BETA) == pytest.approx(6 * ALPHA_S + 1.5 * n / BETA)
+    assert alpha_beta.call_time_s("all_gather", 4, n, ALPHA_S, BETA) == pytest.approx(3 * ALPHA_S + 0.75 * n / BETA)
+    assert alpha_beta.call_time_s("reduce_scatter", 8, n, ALPHA_S, BETA) == pytest.approx(7 * ALPHA_S + 7 / 8 * n / BETA)
+    assert alpha_beta.call_time_s("broadcast", 5, n, ALPHA_S, BETA) == pytest.approx(3 * (ALPHA_S + n / BETA))
+    assert alpha_beta.call_time_s("send", 16, n, ALPHA_S, BETA, calls=2) == pytest.approx(2 * ALPHA_S + n / BETA)
+    assert alpha_beta.call_time_s("all_reduce", 1, n, ALPHA_S, BETA) == 0.0
+
+
+# ---- the measurement -------------------------------------------------------------------------
+
+def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(tmp_path, monkeypatch):
+    """The command end to end, small messages (4 KiB .. 256 KiB): every kind's fit is positive and
+    reproduces its measured medians within a median relative error of 100 % (a factor of 2), the
+    error docs/plan.md states for a loaded machine: on 2 cores shared by many processes a call
+    waits for its peer to be scheduled (a time slice, 1-4 ms) in a share of the repetitions that
+    differs between sizes, so single medians are off by up to ~4x and no straight line meets all.
+    The fit's arithmetic is checked exactly on times the formula made (tests above).
+    In its own interpreter: the command runs matmuls, and a process forked after that (the
+    training ranks of a later test) can hang on the thread pool it inherits."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "c.json"
+    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "--max-bytes", str(256 * 2**10), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads(out.read_text())
+    assert c["world_size"] == 2 and c["backend"] == "gloo"
+    assert set(c["collectives"]) == set(alpha_beta.MEASURED)
+    for kind, f in c["collectives"].items():
+        assert len(f["points"]) == 4 and all(t > 0 for _, t in f["points"])
+        assert f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0, (kind, f)
+        predicted = [alpha_beta.call_time_s(kind, 2, n, f["alpha_s"], f["beta_bytes_per_s"]) for n, _ in f["points"]]
+        errors = sorted(abs(p - t) / t for p, (_, t) in zip(predicted, f["points"]))
+        assert errors[len(errors) // 2] <= 1.0, (kind, f["points"], predicted)
+    assert c["compute"]["peak_flops_per_s_by_threads"]["1"] > 0
+    assert calibrate.load(backend="gloo")["key"] == c["key"]  # found again in the cache by host
+    table = proc.stdout
+    assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
+
+
+def test_calibrate_refuses_one_rank_in_one_line(capsys):
+    assert calibrate.main(["--world-size", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --world-size 1") and "\n" not in err
+
+
+# ---- the time model ----------------------------------------------------------------------------
+
+def test_ddp_half_of_the_all_reduce_hides_under_backward():
+    grad_bytes = 4 * 10**6
+    p = _profile("ddp", 2, flops=10**9, comm={"all_reduce": (grad_bytes, 3)})
+    t = timing.predict_step_time(p, _calibration())
+    assert t["compute_s"] == pytest.approx(0.1)  # 1e9 FLOPs / 1e10 FLOP/s (1 thread each: 2 ranks, 2 cores)
+    comm = 3 * 2 * ALPHA_S + 1 * grad_bytes / BETA  # 3 calls x 2(N-1) α + 2(N-1)/N n/β
+    assert t["comm_s"] == pytest.approx(comm)
+    assert t["exposed_comm_s"] == pytest.approx(comm * (1 - timing.DDP_SHARE))
+    assert t["step_s"] == pytest.approx(0.1 + comm / 2)
+    assert t["samples_per_s"] == pytest.approx(64 / t["step_s"])
+
+
+def test_hidden_communication_is_capped_by_the_backward_window():
+    p = _profile("ddp", 2, flops=10**7, comm={"all_reduce": (10**9, 1)})  # 1 s of all-reduce, 1 ms of compute
+    t = timing.predict_step_time(p, _calibration())
+    assert t["exposed_comm_s"] == pytest.approx(t["comm_s"] - 1e-3 * timing.BACKWARD_SHARE)
+
+
+def test_allreduce_and_zero_1_2_expose_all_communication():
+    comm = {"reduce_scatter": (10**6, 1), "all_gather": (10**6, 1)}
+    for strategy, options in (("allreduce", {}), ("zero", {"stage": 1}), ("zero", {"stage": 2})):
+        t = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(), options)
+        expected = 2 * (3 * ALPHA_S + 0.75 * 10**6 / BETA)  # world 4: (N-1) α + (N-1)/N n/β each
+        assert t["comm_s"] == pytest.approx(expected) and t["exposed_comm_s"] == pytest.approx(expected)
+
+
+def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
+    comm = {"all_gather": (2 * 10**6, 2), "reduce_scatter": (10**6, 1)}
+    for strategy, options in (("zero", {"stage": 3}), ("fsdp", {})):
+        t = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), options)
+        assert t["exposed_comm_s"] == pytest.approx(t["comm_s"] / 2)
+
+
+def test_pipeline_bubble_and_sends():
+    comm = {"send": (10**6, 4), "recv": (10**6, 4)}
+    t = timing.predict_step_time(_profile("pipeline", 2, comm=comm), _calibration(), {"stages": 2, "chunks": 4})
+    assert t["bubble"] == pytest.approx(1 / 5)  # (K-1)/(M+K-1)
+    sends = 2 * (4 * ALPHA_S + 10**6 / BETA)  # recv borrows send's fit
+    assert t["step_s"] == pytest.approx(0.1 / (1 - 1 / 5) + sends)
+
+
+def test_rate_uses_threads_per_rank_core_share_and_the_models_efficiency():
+    cal = _calibration(models={"m-1": {"flops_per_s": 2.5e9, "threads": 1}})
+    assert timing.compute_rate(cal, 1)[0] == 1.6e10  # one rank: both cores
+    assert timing.compute_rate(cal, 2)[0] == 1e10  # two ranks: a core each
+    assert timing.compute_rate(cal, 4)[0] == 0.5e10  # four ranks on two cores: half a core each
+    assert timing.compute_rate(cal, 1, "m-1")[0] == pytest.approx(1.6e10 * 0.25)  # 2.5e9 of 1e10 at 1 thread
+    assert timing.compute_rate(cal, 1, "other")[0] == 1.6e10
+
+
+def test_single_rank_has_no_communication_cost():
+    t = timing.predict_step_time(_profile("single", 1, comm={"all_reduce": (10**6, 1)}), _calibration())
+    assert t["comm_s"] == 0 and t["step_s"] == pytest.approx(10**9 / 1.6e10)
+
+
+# ---- the loop: recorded before launch, shown beside what the run measured ----------------------------
+
+def test_a_run_records_its_prediction_and_the_report_sets_it_beside_the_measurement(tmp_path):
+    from analysis import report
+    from suite.planner.predict import prediction
+    from suite.record import run_record
+    from suite.train import rank as train_rank
+    from tests.parity import make_recipe, step_losses
+
+    recipe = make_recipe({"name": "single"}, 1)
+    run_dir = train_rank.new_run_dir(recipe, tmp_path / "runs")
+    predicted = prediction(recipe, _calibration())
+    assert predicted["source"] in ("fake", "analytic") and predicted["step_time_s"] > 0, predicted
+    run_record.record_predicted(run_dir, predicted)
+    step_losses(recipe, run_dir)
+    summary = run_record.read_summary(run_dir)
+    assert summary["predicted"] == predicted
+    assert report.main([str(run_dir), "--out", str(tmp_path / "report"), "--no-wandb"]) == 0
+    md = (tmp_path / "report" / "tables.md").read_text()
+    assert "## Predicted vs measured" in md and "step time (s) error" in md and "held bytes predicted" in md
+    (row,) = csv.DictReader((tmp_path / "report" / "predicted.csv").open())
+    held = sum(summary["ranks"][0]["held_bytes"].values())
+    assert int(row["held_measured"]) == held
+    assert float(row["held_error"]) == pytest.approx(sum(predicted["held_bytes"].values()) / held - 1)
+    assert float(row["step_error"]) == pytest.approx(predicted["step_time_s"] / summary["step_time_s"] - 1)
+    assert float(row["rate_measured"]) == pytest.approx(summary["samples_per_s"])
+
+
+def test_prediction_failure_is_recorded_not_raised():
+    from suite.planner.predict import prediction
+
+    assert "error" in prediction(object())
+
+
+@pytest.mark.skipif(__import__("shutil").which("sinfo") is None, reason="no Slurm here (sinfo not found)")
+def test_calibrate_through_slurm_times_the_job_on_two_nodes(tmp_path, monkeypatch):
+    """launch.executor=slurm: one job of two tasks through the suite's executor (the local test cluster)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "c.json"
+    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "recipes/quickstart.yaml", "launch.executor=slurm",
+                           "launch.tasks_per_node=1", "launch.nodes=2", "--max-bytes", "65536", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted Slurm job" in proc.stdout
+    c = json.loads(out.read_text())
+    assert c["world_size"] == 2 and all(f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0 for f in c["collectives"].values())
