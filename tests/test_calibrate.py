@@ -157,7 +157,7 @@ def test_single_rank_has_no_communication_cost():
     assert t["comm_s"] == 0 and t["step_s"] == pytest.approx(10**9 / 1.6e10)
 
 
-# ---- the loop: recorded before launch, shown beside what the run measured ----------------------------
+# ---- the loop: recorded by the run, shown beside what the run measured ----------------------------
 
 def test_a_run_records_its_prediction_and_the_report_sets_it_beside_the_measurement(tmp_path):
     from analysis import report

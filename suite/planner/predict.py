@@ -1,9 +1,10 @@
 """The plan's prediction for one run, recorded in its ``summary.json`` (``predicted``) so that the
 report can set it beside what the run measured.
 
-Made on the submitting side before launch (``suite.submit`` writes ``predicted.json`` into the run
-folder, rank 0 copies it into the summary): it costs the ranks nothing, and a failure to predict
-is recorded as ``predicted.error``, never a failed run.
+Made by rank 0 after training (``suite.train.rank``; kept in the run folder's ``predicted.json``):
+counting the model's FLOPs takes seconds, which neither the timed loop nor the submitting side,
+before the first step, should pay. A failure to predict is recorded as ``predicted.error``, never
+a failed run.
 
 The profile is what the dry run knows (``analytic_profile``: held bytes from ``suite.estimate``,
 FLOPs from ``suite.record.flops``, the data-parallel strategies' collectives from the gradient and

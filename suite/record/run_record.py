@@ -158,7 +158,7 @@ def new_run_dir(name: str, recipe_yaml: str, out) -> Path:
 
 
 def record_predicted(run_dir, predicted: dict) -> None:
-    """The plan's prediction, written before launch; rank 0 copies it into summary.json."""
+    """The plan's prediction, made by rank 0 after training; summary.json carries it too."""
     write_json_atomic(Path(run_dir) / "predicted.json", predicted)
 
 

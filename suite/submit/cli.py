@@ -89,16 +89,7 @@ def _main(args) -> int:
     if pool:  # the first point's run folder is the one the pool was started in
         (pool.home / "recipe.yaml").write_text(recipes.dump(points[0]))
         runs.insert(0, (points[0], pool.home))
-    _record_predictions(runs)
     return _run_all(runs, out, wait=not args.no_wait, pool=pool)
-
-
-def _record_predictions(runs) -> None:
-    """The plan's prediction for each run, into its folder before launch (the summary takes it)."""
-    from suite.planner.predict import prediction
-
-    for r, run_dir in runs:
-        run_record.record_predicted(run_dir, prediction(r))
 
 
 def _predicted_text(recipe) -> str:

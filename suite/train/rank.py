@@ -155,6 +155,19 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         engine.close()
 
 
+def _predicted(recipe, run_dir) -> dict:
+    """The plan's prediction for this run (suite.planner.predict), made by rank 0 after training:
+    it counts the model's FLOPs, seconds of work that neither the timed loop nor the submitting
+    side (before the first step) should pay. Kept in predicted.json, so a resumed run reuses it."""
+    from suite.planner.predict import prediction
+
+    predicted = run_record.read_predicted(run_dir)
+    if predicted is None:
+        predicted = prediction(recipe)
+        run_record.record_predicted(run_dir, predicted)
+    return predicted
+
+
 def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
     mine = {"rank": ctx.rank, "peak_memory_bytes": metrics.peak_memory_bytes(ctx.device),
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
@@ -200,7 +213,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "finished_at": time.time(),
         "attempts": loop.attempts,
         "torch": torch.__version__,
-        "predicted": run_record.read_predicted(run_dir),  # written before launch by suite.submit
+        "predicted": _predicted(recipe, run_dir),
         **run_level,
     }
     run_record.write_summary(run_dir, summary)  # replaces: no stale field of an earlier attempt stays
