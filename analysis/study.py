@@ -11,6 +11,8 @@ what it measures (``measure``, one of MEASURES), its number and unit, and how to
 - ``ratio``: where hardware differs, each side against its own baseline (``reference.baseline``
   for theirs, the study's ``baseline`` arm for ours): speed-up = baseline time / arm time (or arm
   throughput / baseline throughput); memory, utilisation, accuracy and loss as arm / baseline.
+  A figure's ``ours_baseline`` names another arm of ours as its baseline (TensorFlow arms against
+  ``tf_single`` where the published baseline is the Keras program itself).
 
 Every row ends with which way ours differs, and the recipe's ``why`` where it gives one. Torch-free.
 """
@@ -56,7 +58,8 @@ MEASURES = {
 }
 COMPARE = ("absolute", "ratio")
 FIGURE_KEYS = {"published": True, "ours": False, "measure": True, "value": True, "unit": True, "what": True,
-               "compare": True, "why": False, "not_run": False, "hardware": False}
+               "compare": True, "why": False, "not_run": False, "hardware": False,
+               "ours_baseline": False}
 REFERENCE_KEYS = {"source": True, "hardware": True, "data": True, "baseline": False, "figures": True}
 SAME_WITHIN = 0.05  # "about the same" when ours is within 5 % of theirs
 
@@ -107,6 +110,8 @@ def check_reference(reference: dict, arms, where: str = "reference") -> dict:
                              f"(why this suite does not run it yet)")
         if fig.get("ours") is not None and fig["ours"] not in arms:
             raise SuiteError(f"{at}.ours={fig['ours']!r} is not an arm of the study; arms: {', '.join(arms)}")
+        if fig.get("ours_baseline") is not None and fig["ours_baseline"] not in arms:
+            raise SuiteError(f"{at}.ours_baseline={fig['ours_baseline']!r} is not an arm of the study; arms: {', '.join(arms)}")
         if fig["compare"] == "ratio" and _published_baseline(reference, fig) is None:
             raise SuiteError(f"{at}.compare=ratio needs reference.baseline and a figure of that arm with "
                              f"measure {fig['measure']}")
@@ -180,11 +185,11 @@ def _row(fig: dict, study: dict, runs) -> dict:
            "hardware": fig.get("hardware") or reference["hardware"],
            "published": f"{_num(fig['value'])} {unit}", "ours": "", "compare": fig["compare"],
            "published_compared": "", "ours_compared": "", "differs": ""}
-    theirs = fig["value"]
+    theirs, base_arm = fig["value"], fig.get("ours_baseline") or study["baseline"]
     if fig["compare"] == "ratio":
         base_fig, units = _published_baseline(reference, fig), MEASURES[measure][1]
         theirs = _ratio(measure, fig["value"] * units[unit], base_fig["value"] * units[base_fig["unit"]])
-        row["compare"] = f"ratio: {MEASURES[measure][2]} vs {base_fig['published']} / ours vs {study['baseline']}"
+        row["compare"] = f"ratio: {MEASURES[measure][2]} vs {base_fig['published']} / ours vs {base_arm}"
         row["published_compared"] = f"{theirs:.3g}x" if theirs is not None else ""
     if fig.get("ours") is None:
         return {**row, "differs": f"not run by this suite yet: {fig['not_run']}"}
@@ -202,9 +207,9 @@ def _row(fig: dict, study: dict, runs) -> dict:
                                       f"published figure on {reference['data']} (profile {study.get('profile')})"}
         return {**row, "published_compared": row["published"], "ours_compared": f"{_num(ours)} {unit}",
                 "differs": _which_way(ours, theirs, "ours is") + why}
-    base_values = _ours(runs, study["baseline"], measure)
+    base_values = _ours(runs, base_arm, measure)
     if not base_values:
-        return {**row, "differs": f"no completed run of the baseline arm {study['baseline']}"}
+        return {**row, "differs": f"no completed run of the baseline arm {base_arm}"}
     ours_ratio = _ratio(measure, ours, _in_unit(tables.mean(base_values), measure, unit))
     return {**row, "ours_compared": f"{ours_ratio:.3g}x",
             "differs": _which_way(ours_ratio, theirs, f"our {MEASURES[measure][2]} is") + why}
