@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 
 _MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline",
-            "tf_single", "tf_mirrored", "tf_mirrored_loop", "tf_multiworker"]
+            "tf_single", "tf_mirrored", "tf_mirrored_loop", "tf_multiworker", "horovod"]
 STRATEGIES = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.strategies.{_m}")
