@@ -5,9 +5,11 @@ Horovod 0.28.1 (its latest release) does not build against this suite's torch 2.
 - torch 2.14.1 is a CUDA build (+cu130), so Horovod's torch extension insists on CUDA even for a
   CPU-only build, and CMake stops: "Could NOT find CUDAToolkit (missing: CUDAToolkit_INCLUDE_DIR
   CUDA_CUDART)"; pointed at the toolkit (HOROVOD_CUDA_HOME), it then lacks ``FOUND_LIB_cudart``;
-- past that, Horovod compiles its torch extension as C++14 (``CMAKE_CXX_STANDARD 14`` in
-  horovod/torch/CMakeLists.txt), and torch 2.14's headers refuse it: "#error C++20 or later
-  compatible compiler is required to use PyTorch."
+- given that too (CUDA_HOME, CMAKE_LIBRARY_PATH to the toolkit's lib), it configures and compiles
+  its torch extension with ``-std=c++14`` (``CMAKE_CXX_STANDARD 14`` in horovod/torch/CMakeLists.txt),
+  and torch 2.14's headers refuse anything below C++20: ``g++ -std=c++14`` on ``torch/extension.h``
+  stops with "#error C++20 or later compatible compiler is required to use PyTorch." (that build
+  was stopped after 25 min on 2 shared cores, before it reached the files that include torch).
 What Horovod does here (one all-reduce of averaged gradients per step, ring over gloo) is what
 ``ddp`` (bucketed, overlapped with backward) and ``allreduce`` (one all-reduce per gradient) do.
 """
