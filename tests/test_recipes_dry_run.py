@@ -43,4 +43,4 @@ def test_fashion_mnist_study_full_profile_dry_runs_on_its_data(tmp_path, capsys)
                        "--dry-run"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert out.count("nothing launched (--dry-run)") == 3
+    assert out.count("nothing launched (--dry-run)") == 6  # single, ddp, allreduce and the three TensorFlow arms
