@@ -19,7 +19,8 @@ import importlib.util
 
 import pytest
 
-from analysis import runs as analysis_runs, tables
+from analysis import runs as analysis_runs
+from analysis import tables
 from suite.errors import SuiteError
 from suite.record.run_record import read_summary
 from suite.strategies import _tensorflow

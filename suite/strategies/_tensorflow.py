@@ -323,7 +323,7 @@ def train_loop(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices:
     run = new_run(ctx, recipe, log, TFEngine(ctx, strategy, model, optimizer, "tf.function loop"), steps)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     batch = recipe.training.batch_size
-    total = lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)  # noqa: E731
+    total = lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
 
     def correct(logits, y):
         return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(y, tf.int64)), tf.float32))
