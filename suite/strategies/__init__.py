@@ -7,7 +7,9 @@ A strategy is one module here with
   and predicts the bytes a rank holds (``held_fraction``); as class-level declarations, the
   modules a local pool's ranks may import early (``warm_imports``) and whether a rank may train
   a sweep's next point in the same process after it (``reusable_process``, off by default);
-- ``build(options, setup) -> Engine``, calling ``setup.prepare(module)`` before it wraps the model.
+- ``build(options, setup) -> Engine``, calling ``setup.prepare(module)`` before it wraps the model;
+  or, for a strategy that brings its own training loop (``Options.owns_training``, TensorFlow's),
+  ``train(options, recipe, ctx, train_set, val_set, log)`` returning what the summary needs.
 Heavy libraries (deepspeed, fairscale) are imported inside ``build`` so that reading a recipe
 stays fast. Adding a strategy is one module plus one line in ``_MODULES``.
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline", "hogwild", "param_server"]
+_MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline",
+            "hogwild", "param_server", "tf_single", "tf_mirrored", "tf_mirrored_loop", "tf_multiworker", "horovod"]
 STRATEGIES = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.strategies.{_m}")

@@ -24,6 +24,9 @@ class StrategyOptions(BaseModel):
     # strategy's point: only when the strategy keeps no state outside its process group and its
     # own objects (DeepSpeed and fairscale keep module-level state). Off unless a strategy says so.
     reusable_process: ClassVar[bool] = False
+    # Whether the strategy trains in its own loop: the rank then hands it the whole run (its
+    # module's ``train``; TensorFlow's strategies) instead of driving an engine through StepLoop.
+    owns_training: ClassVar[bool] = False
 
     def mesh_axes(self) -> list[Axis]:
         """The mesh axes and their degrees (None: filled from the world size). Plain data

@@ -111,6 +111,8 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
                                   error=None, failed_rank=None)
     torch.manual_seed(tr.seed)
     train_set, val_set = recipe.data.load()
+    if recipe.strategy.owns_training:
+        return _train_own_loop(recipe, ctx, run_dir, train_set, val_set)
     setup = make_setup(recipe, ctx, run_dir)
     engine = strategies.build(recipe.strategy, setup)
     if ctx.is_main:  # a resumed run redoes what came after its checkpoint: drop those records
@@ -166,6 +168,17 @@ def _predicted(recipe, run_dir) -> dict:
         predicted = prediction(recipe)
         run_record.record_predicted(run_dir, predicted)
     return predicted
+
+
+def _train_own_loop(recipe, ctx, run_dir: Path, train_set, val_set) -> None:
+    """A strategy with its own loop (TensorFlow's) gets the data and this rank's log; what it
+    returns carries the loop's fields (steps, samples, times, epochs, engine) for the summary."""
+    log = RankLog.open(recipe, ctx, run_dir)
+    try:
+        run = strategies.STRATEGIES[recipe.strategy.name].train(recipe.strategy, recipe, ctx, train_set, val_set, log)
+        _write_summary(recipe, ctx, run.engine, run_dir, run, run.epochs)
+    finally:
+        log.close()
 
 
 def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:

@@ -1,0 +1,369 @@
+"""What the TensorFlow strategies share (``tf_single``, ``tf_mirrored``, ``tf_mirrored_loop``,
+``tf_multiworker``): the Keras twin of the suite's ``mlp``, the suite's own data as tf.data, the
+two ways to train (Keras ``fit`` or a hand-written ``tf.function`` loop) and the run record.
+
+These strategies bring their own training loop (``owns_training``): the rank joins the torch
+process group as always (run folder, barriers, summary gathering stay the suite's), reads the data
+through the suite's readers, and hands the whole run to the strategy's ``train``. What comes back
+has the fields ``suite.train.rank`` writes into ``summary.json``, so analysis/ reads these runs as
+it reads PyTorch ones. TensorFlow is imported in the rank only, never while a recipe is read.
+
+Not supported (a SuiteError says so): models other than ``mlp``, precision other than fp32,
+gradient accumulation, lr schedules, ``max_steps``, checkpoints and resuming, augmentation.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import PositiveInt
+
+from suite.errors import SuiteError
+from suite.record import run_record
+from suite.strategies.base import StrategyOptions, refuse_world_size
+from suite.strategies.engine import Engine
+
+INSTALL = 'pip install -e ".[tensorflow]"'
+
+
+class TFOptions(StrategyOptions):
+    """A TensorFlow strategy: the rank hands it the run (``owns_training``)."""
+    owns_training: ClassVar[bool] = True
+    one_process: ClassVar[bool] = True  # tf_multiworker: one worker per rank instead
+
+    def check(self, plan, model) -> None:
+        if importlib.util.find_spec("tensorflow") is None:
+            raise SuiteError(f"strategy.name={self.name} needs TensorFlow, which is not installed; {INSTALL}")
+        if model.name != "mlp":
+            raise SuiteError(f"strategy.name={self.name} trains the Keras twin of model.name=mlp only, "
+                             f"but the recipe has {model.source}; use model.name=mlp or a PyTorch strategy")
+        if self.one_process and plan.world_size != 1:
+            refuse_world_size(self.name, plan.world_size, "runs in one process (its replicas are devices of "
+                              "that process)", "set launch.tasks_per_node=1, or use tf_multiworker")
+
+
+class MirroredOptions(TFOptions):
+    """One process, MirroredStrategy over its devices: every GPU, or without one ``cpu_replicas``
+    logical CPU devices (see ``tf_mirrored``)."""
+    cpu_replicas: PositiveInt = 2  # logical CPU devices to mirror over when the host has no GPU
+
+    def mirrored(self, tf):
+        return tf.distribute.MirroredStrategy()
+
+
+def refuse_unsupported(recipe) -> None:
+    """What the Keras runs do not implement, named by recipe key (checked before TF starts)."""
+    tr, opt = recipe.training, recipe.optimizer
+    bad = [("training.precision", tr.precision, tr.precision != "fp32", "fp32"),
+           ("training.grad_accumulation", tr.grad_accumulation, tr.grad_accumulation != 1, "1"),
+           ("training.max_steps", tr.max_steps, tr.max_steps is not None, "unset (use training.epochs)"),
+           ("training.checkpoint_every_steps", tr.checkpoint_every_steps, tr.checkpoint_every_steps != 0, "0"),
+           ("optimizer.schedule.name", opt.schedule.name, opt.schedule.name != "constant", "constant"),
+           ("optimizer.weight_decay", opt.weight_decay, opt.weight_decay != 0 and opt.name == "adam",
+            "0 with adam (Keras Adam's decay is decoupled; use adamw)"),
+           ("data.augment", "on", getattr(getattr(recipe.data, "augment", None), "active", False), "off")]
+    for key, value, wrong, fix in bad:
+        if wrong:
+            raise SuiteError(f"strategy.name={recipe.strategy.name} does not support {key}={value}; set it to {fix}")
+
+
+# ---- the rank's TensorFlow -----------------------------------------------------------------------
+
+def start_tf(threads: int, cpu_devices: int = 1):
+    """Import TensorFlow configured before its runtime starts (afterwards it refuses changes):
+    this rank's thread budget and, for one-process mirroring on a CPU, ``cpu_devices`` logical CPUs."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no C++ info lines in the run's log
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    if cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_devices)
+    return tf
+
+
+def write_tf_config(ctx) -> dict:
+    """TF_CONFIG for MultiWorkerMirroredStrategy from the suite's rank and world: every rank takes
+    a free port on its host, the ranks exchange them over the torch process group, worker i is rank i."""
+    import torch.distributed as dist
+    host = "127.0.0.1" if ctx.local_world_size == ctx.world_size else socket.getfqdn()
+    mine = f"{host}:{_free_port(host)}"
+    workers = [None] * ctx.world_size
+    dist.all_gather_object(workers, mine)
+    config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": ctx.rank}}
+    os.environ["TF_CONFIG"] = json.dumps(config)
+    return config
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host == "127.0.0.1" else "", 0))
+        return s.getsockname()[1]
+
+
+def arrays(dataset):
+    """A suite dataset (inputs, targets) as two numpy arrays: the same samples the torch runs read."""
+    from torch.utils.data import DataLoader
+    x, y = next(iter(DataLoader(dataset, batch_size=len(dataset))))
+    return x.numpy(), y.numpy()
+
+
+def datasets(tf, recipe, train_set, val_set):
+    """(training stream, validation set, steps per epoch) as tf.data at the global batch; a
+    distributed strategy splits each global batch over its replicas (and shards over workers).
+
+    The stream holds every epoch, each shuffled by (seed, epoch) alone and read through ONE
+    iterator. A dataset reshuffled per iteration would instead advance its order with every
+    iterator made of it, and Keras ``fit`` under a strategy makes an extra one to peek at a batch
+    before training: tf_mirrored would then train on other batches than tf_single."""
+    (x, y), (vx, vy) = arrays(train_set), arrays(val_set)
+    tr = recipe.training
+    if len(x) < tr.batch_size:
+        raise SuiteError(f"training.batch_size={tr.batch_size} is larger than the training set "
+                         f"({len(x)} samples); lower it")
+    samples = tf.data.Dataset.from_tensor_slices((x, y))
+
+    def epoch(index):
+        return (samples.shuffle(len(x), seed=tr.seed * 1000 + index, reshuffle_each_iteration=False)
+                .batch(tr.batch_size, drop_remainder=True))
+    train = epoch(0)
+    for index in range(1, tr.epochs):
+        train = train.concatenate(epoch(index))
+    train = train.prefetch(2)
+    val = tf.data.Dataset.from_tensor_slices((vx, vy)).batch(max(tr.batch_size, 256))
+    options = tf.data.Options()  # split by element: each worker gets its part of every global batch
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return train.with_options(options), val.with_options(options), len(x) // tr.batch_size
+
+
+def build_model(recipe):
+    """The Keras twin of the suite's mlp: Flatten, then Dense(h, relu) [+ Dropout] per hidden
+    width, then Dense(classes) giving logits (the loss applies the softmax, as in torch)."""
+    import keras
+    spec, m = recipe.data.spec(), recipe.model
+    layers = [keras.Input(spec.input_shape), keras.layers.Flatten()]
+    for h in m.hidden:
+        layers.append(keras.layers.Dense(h, activation="relu"))
+        if m.dropout:
+            layers.append(keras.layers.Dropout(m.dropout))
+    layers.append(keras.layers.Dense(spec.num_classes))
+    return keras.Sequential(layers)
+
+
+def build_optimizer(recipe):
+    """The recipe's optimizer with torch's defaults where Keras's differ (Adam's epsilon 1e-8)."""
+    import keras
+    o = recipe.optimizer
+    if o.name == "sgd":
+        return keras.optimizers.SGD(o.lr, momentum=o.momentum, weight_decay=o.weight_decay or None)
+    if o.name == "adam":
+        return keras.optimizers.Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=1e-8)
+    return keras.optimizers.AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=1e-8)
+
+
+# ---- what the rank writes into summary.json ------------------------------------------------------
+
+class TFEngine(Engine):
+    """What the summary asks of an engine: data shards, bytes held, the TF facts of this rank."""
+
+    def __init__(self, ctx, strategy, model, optimizer, kind: str):
+        import tensorflow as tf
+        self.dp_rank, self.dp_size = ctx.rank, ctx.world_size  # processes reading different shards
+        self.replicas = strategy.num_replicas_in_sync if strategy else 1
+        self.local_replicas = self.replicas // ctx.world_size
+        self._facts = {"tensorflow": tf.__version__, "loop": kind, "replicas": self.replicas,
+                       "devices": list(strategy.extended.worker_devices) if strategy else ["/cpu:0"]}
+        self._model, self._optimizer = model, optimizer
+
+    def held_bytes(self) -> dict:
+        params = _bytes(self._model.trainable_variables)
+        state = _bytes(v for v in self._optimizer.variables if len(v.shape))  # not the step counter
+        # Each replica on this rank holds a full copy of the parameters, gradients and Adam moments.
+        return {"parameters": params * self.local_replicas, "gradients": params * self.local_replicas,
+                "optimizer_state": state * self.local_replicas}
+
+    def extra_metrics(self) -> dict:
+        return self._facts
+
+
+def _bytes(variables) -> int:
+    import keras
+    import numpy as np
+    return sum(math.prod(v.shape) * np.dtype(keras.backend.standardize_dtype(v.dtype)).itemsize for v in variables)
+
+
+@dataclass
+class TFRun:
+    """The fields ``suite.train.rank._write_summary`` reads of a loop, filled by a TF run."""
+    engine: TFEngine
+    log: object  # the rank's RankLog
+    step: int = 0
+    samples: int = 0
+    train_time_s: float = 0.0
+    step_times_s: list = field(default_factory=list)
+    epochs: list = field(default_factory=list)
+    attempts: list = field(default_factory=list)
+    total_steps: int = 0
+
+    def log_step(self, ctx, recipe, epoch: int, loss: float, step_time_s: float) -> None:
+        """One step's record, as the torch loop writes it. The loss is the global one; this rank's
+        own is not seen (Keras and ``strategy.reduce`` return only the reduced value), so it is
+        recorded as both ``global_loss`` and ``loss``."""
+        self.log.log("step", attempt=1, step=self.step, epoch=epoch, global_loss=loss, loss=loss,
+                     samples=recipe.training.batch_size // ctx.world_size, step_time_s=step_time_s,
+                     lr=recipe.optimizer.lr)
+        self.step_times_s.append(step_time_s)
+        self.step += 1
+        self.samples += recipe.training.batch_size
+        if ctx.is_main and self.step % recipe.training.log_every_steps == 0:
+            rate = recipe.training.batch_size / max(1e-9, step_time_s)
+            print(run_record.step_line(self.step, self.total_steps, loss, rate), flush=True)
+
+    def log_epoch(self, ctx, recipe, record: dict) -> None:
+        self.log.log("epoch", attempt=1, **record)
+        self.epochs.append(record)
+        self.train_time_s += record["epoch_time_s"]
+        if ctx.is_main:
+            print(run_record.epoch_line(record, recipe.training.epochs), flush=True)
+
+
+def new_run(ctx, recipe, log, engine, steps_per_epoch: int) -> TFRun:
+    run = TFRun(engine=engine, log=log, total_steps=steps_per_epoch * recipe.training.epochs)
+    run.attempts.append({"attempt": 1, "started_at": time.time(), "from_step": 0, "slurm_restart_count": 0})
+    return run
+
+
+def evaluate_due(recipe, epoch: int) -> bool:
+    every = recipe.training.eval_every_epochs
+    return bool(every) and ((epoch + 1) % every == 0 or epoch == recipe.training.epochs - 1)
+
+
+# ---- the two ways to train ----------------------------------------------------------------------
+
+def _start(recipe, ctx, make_strategy, cpu_devices: int):
+    """TensorFlow, the strategy (created first: MultiWorkerMirroredStrategy must precede any op),
+    then the seeds, then the model and optimizer inside the strategy's scope."""
+    import torch
+    refuse_unsupported(recipe)
+    tf = start_tf(torch.get_num_threads(), cpu_devices)
+    import keras
+    strategy = make_strategy(tf)
+    keras.utils.set_random_seed(recipe.training.seed)
+    with strategy.scope() if strategy else _no_scope():
+        model, optimizer = build_model(recipe), build_optimizer(recipe)
+        # Its slots now, in the scope: built lazily inside a replica's tf.function step it fails.
+        optimizer.build(model.trainable_variables)
+    return tf, keras, strategy, model, optimizer
+
+
+class _no_scope:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def train_fit(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices: int = 1) -> TFRun:
+    """Keras ``fit`` (under ``make_strategy(tf)``'s scope, or none): what a Keras user writes.
+    Keras reports each metric as its running mean over the epoch, so a step's own loss is taken
+    back out of two consecutive means: (b+1)*mean_b - b*mean_(b-1), exact for equal batches up to
+    float32 rounding of the means (about 1e-7 x the step index)."""
+    tf, keras, strategy, model, optimizer = _start(recipe, ctx, make_strategy, cpu_devices)
+    with strategy.scope() if strategy else _no_scope():
+        model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    train, val, steps = datasets(tf, recipe, train_set, val_set)
+    run = new_run(ctx, recipe, log, TFEngine(ctx, strategy, model, optimizer, "keras fit"), steps)
+    model.fit(train, epochs=recipe.training.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
+              callbacks=[_recorder(keras, run, ctx, recipe, model, val)])
+    return run
+
+
+def _recorder(keras, run: TFRun, ctx, recipe, model, val):
+    class Recorder(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch, self.epoch_t0, self.mean = epoch, time.perf_counter(), 0.0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.step_t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            step_time_s = time.perf_counter() - self.step_t0  # logs are read back: the step has ended
+            mean = float(logs["loss"])
+            run.log_step(ctx, recipe, self.epoch, (batch + 1) * mean - batch * self.mean, step_time_s)
+            self.mean = mean
+
+        def on_epoch_end(self, epoch, logs=None):
+            record = {"epoch": epoch, "epoch_time_s": time.perf_counter() - self.epoch_t0,
+                      "train_loss": float(logs["loss"]), "train_accuracy": float(logs["accuracy"])}
+            if evaluate_due(recipe, epoch):  # outside the epoch's time, as in the torch loop
+                t0 = time.perf_counter()
+                result = model.evaluate(val, verbose=0, return_dict=True)
+                record.update(val_loss=float(result["loss"]), val_accuracy=float(result["accuracy"]),
+                              eval_time_s=time.perf_counter() - t0)
+            run.log_epoch(ctx, recipe, record)
+
+    return Recorder()
+
+
+def train_loop(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices: int = 1) -> TFRun:
+    """A hand-written ``tf.function`` step under a distribution strategy: each replica computes
+    its loss scaled by the global batch (``compute_average_loss``), the Keras optimizer sums the
+    replicas' gradients before it steps, and ``strategy.reduce`` sums the replicas' losses into
+    the step's global mean loss (what the record needs, exactly, without running means)."""
+    tf, keras, strategy, model, optimizer = _start(recipe, ctx, make_strategy, cpu_devices)
+    train, val, steps = datasets(tf, recipe, train_set, val_set)
+    run = new_run(ctx, recipe, log, TFEngine(ctx, strategy, model, optimizer, "tf.function loop"), steps)
+    per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    batch = recipe.training.batch_size
+    total = lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
+
+    def correct(logits, y):
+        return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(y, tf.int64)), tf.float32))
+
+    def replica_train(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.nn.compute_average_loss(per_sample(y, logits), global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, correct(logits, y)
+
+    def replica_eval(x, y):
+        logits = model(x, training=False)
+        return tf.reduce_sum(per_sample(y, logits)), correct(logits, y), tf.cast(tf.shape(y)[0], tf.float32)
+
+    @tf.function
+    def train_step(inputs):
+        return [total(v) for v in strategy.run(replica_train, args=inputs)]
+
+    @tf.function
+    def eval_step(inputs):
+        return [total(v) for v in strategy.run(replica_eval, args=inputs)]
+
+    stream, dist_val = iter(strategy.experimental_distribute_dataset(train)), strategy.experimental_distribute_dataset(val)
+    for epoch in range(recipe.training.epochs):
+        epoch_t0, losses, right = time.perf_counter(), [], 0.0
+        for _ in range(steps):
+            inputs = next(stream)
+            t0 = time.perf_counter()
+            loss, step_correct = (float(v) for v in train_step(inputs))  # float(): waits for the step
+            run.log_step(ctx, recipe, epoch, loss, time.perf_counter() - t0)
+            losses.append(loss)
+            right += step_correct
+        record = {"epoch": epoch, "epoch_time_s": time.perf_counter() - epoch_t0,
+                  "train_loss": sum(losses) / len(losses), "train_accuracy": right / (len(losses) * batch)}
+        if evaluate_due(recipe, epoch):
+            t0, sums = time.perf_counter(), [0.0, 0.0, 0.0]
+            for inputs in dist_val:
+                sums = [a + float(b) for a, b in zip(sums, eval_step(inputs))]
+            record.update(val_loss=sums[0] / sums[2], val_accuracy=sums[1] / sums[2], eval_time_s=time.perf_counter() - t0)
+        run.log_epoch(ctx, recipe, record)
+    return run

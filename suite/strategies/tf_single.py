@@ -1,0 +1,13 @@
+"""TensorFlow, one process, no distribution strategy: Keras ``fit``, as the published comparison's
+"without MPI" baseline ran it. The Keras twin of ``mlp`` (``suite.strategies._tensorflow``)."""
+from typing import Literal
+
+from suite.strategies._tensorflow import TFOptions, train_fit
+
+
+class Options(TFOptions):
+    name: Literal["tf_single"] = "tf_single"
+
+
+def train(opts: Options, recipe, ctx, train_set, val_set, log):
+    return train_fit(recipe, ctx, train_set, val_set, log, make_strategy=lambda tf: None)
