@@ -24,7 +24,7 @@ from suite.errors import SuiteError
 from suite.strategies import hogwild
 from suite.strategies.param_server import Server
 from suite.train import rank as train_rank
-from suite.train.dist import DistContext, free_port
+from suite.train.dist import free_port
 from tests.harness import _child, run_ranks
 from tests.parity import assert_matches, make_recipe, step_losses
 
