@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -48,6 +49,7 @@ class Bench:
     out: Path
     repeats: int
     quick: bool
+    strategies: Optional[list[str]] = None  # --strategies: the overhead section measures only these
     log: list[str] = field(default_factory=list)
 
     def submit(self, folder: str, overrides: list[str], recipe: Path = BASE, env: dict | None = None,

@@ -1,6 +1,6 @@
 """Every benchmark in one command, measured side by side so the ratios compare like with like.
 
-    python benchmarks/compare.py [--out DIR] [--only NAME[,NAME]] [--repeats N] [--quick]
+    python benchmarks/compare.py [--out DIR] [--only NAME[,NAME]] [--repeats N] [--quick] [--strategies S[,S]]
 
 Sections (``--only``): overhead (suite vs a hand-written loop, and equal losses), tracking (default
 tracking vs W&B disabled), pipeline (GPipe/1F1B bubble vs the formula), scaling (world 1 vs 2),
@@ -31,11 +31,14 @@ def parse_args(argv):
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--repeats", type=int, default=3, help="repetitions of each measurement (median taken)")
     p.add_argument("--quick", action="store_true", help="few steps per run: checks the benchmark, measures little")
+    p.add_argument("--strategies", help="overhead section: only these (single, ddp, zero2, fsdp), e.g. to rerun one target")
     args = p.parse_args(argv)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in args.only if name not in SECTIONS]
     if unknown:
         p.error(f"--only {','.join(unknown)}: no such section; choose from {', '.join(SECTIONS)}")
+    if args.strategies:
+        args.strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     return args
@@ -47,7 +50,7 @@ def main(argv=None) -> int:
     if out.exists() and any(out.iterdir()):
         sys.exit(f"{out} is not empty; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(out, args.repeats, args.quick)
+    bench = Bench(out, args.repeats, args.quick, args.strategies)
     command = "python benchmarks/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
     head = ["# Benchmark results", "", f"Command: `{command}`", "",
             f"Taken {time.strftime('%Y-%m-%d %H:%M %Z')} on:", *machine(), ""]

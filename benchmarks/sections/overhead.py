@@ -16,13 +16,17 @@ STRATEGIES = {"single": ("{name: single}", 1, 0.0), "ddp": ("{name: ddp}", 2, 1e
 
 def run(bench: Bench) -> Section:
     s = Section("Harness overhead: suite vs a hand-written loop")
+    unknown = set(bench.strategies or ()) - set(STRATEGIES)
+    if unknown:
+        raise SystemExit(f"--strategies {','.join(sorted(unknown))}: the overhead section has {', '.join(STRATEGIES)}")
+    chosen = {k: v for k, v in STRATEGIES.items() if not bench.strategies or k in bench.strategies}
     shape = ["launch.cpus_per_task=1", "tracking.wandb=disabled"] + (["training.max_steps=12"] if bench.quick else [])
-    ratios = {k: [] for k in STRATEGIES}
-    diffs = {k: 0.0 for k in STRATEGIES}
-    times = {k: [] for k in STRATEGIES}
+    ratios = {k: [] for k in chosen}
+    diffs = {k: 0.0 for k in chosen}
+    times = {k: [] for k in chosen}
     reference = {}  # label -> the first suite run: the recipe (and DeepSpeed config) the hand loop reads
     for rep in range(bench.repeats):
-        for label, (strategy, ranks, _) in STRATEGIES.items():
+        for label, (strategy, ranks, _) in chosen.items():
             folder = f"overhead/{label}-{rep}"
             overrides = [f"strategy={strategy}", f"launch.tasks_per_node={ranks}", *shape]
             hand_json = bench.out / folder / "hand.json"
@@ -44,13 +48,13 @@ def run(bench: Bench) -> Section:
                 f"{bench.repeats} interleaved repetitions; step time = median over steps (and ranks) of the time "
                 f"around one training step; ratio = suite / hand-written loop, median of the repetitions.", ""]
     rows = []
-    for label, (_, ranks, tol) in STRATEGIES.items():
+    for label, (_, ranks, tol) in chosen.items():
         m = median(ratios[label])
         rows.append([label, ranks, 1000 * median(t for t, _ in times[label]), 1000 * median(h for _, h in times[label]),
                      " ".join(f"{r:.3f}" for r in ratios[label]), m, f"{diffs[label]:.2g}"])
     s.table(["strategy", "ranks", "suite step (ms)", "hand loop step (ms)", "ratios", "median ratio",
              "max |loss diff|"], rows)
-    for label, (_, _, tol) in STRATEGIES.items():
+    for label, (_, _, tol) in chosen.items():
         m = median(ratios[label])
         s.check(f"{label} step-time ratio <= {TARGET}", f"{m:.3f}", m <= TARGET)
         s.check(f"{label} losses equal the hand loop's ({'exactly' if tol == 0 else f'within {tol:g}'})",
