@@ -165,7 +165,10 @@ def test_mpi_executor_is_one_node_and_transport_keeps_old_fingerprints():
 def test_rank_and_world_come_from_the_mpi_launchers_variables(variables, expected, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
                  "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"):
-        monkeypatch.delenv(name, raising=False)
+        # set, then deleted: monkeypatch then removes what adopt_mpi_environment sets at teardown
+        # (a WORLD_SIZE left in the test process reaches every later subprocess's ranks)
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     assert dist.adopt_mpi_environment()

@@ -188,6 +188,7 @@ def _two_model_study(tmp_path, **arm_edits) -> Path:
     figures = raw["reference"]["figures"]
     figures[3].update(ours="mlp-ddp")
     figures[2].update(ours="mlp-ddp")
+    figures[1].update(ours="mlp-ddp")
     figures[0].update(ours="mlp-single")
     for fig in figures[4:]:
         fig.update(ours="mlp-single")
