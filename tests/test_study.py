@@ -88,7 +88,8 @@ def test_tables_and_plots_name_the_arm(finished):
     assert {r["arm"] for r in throughput} == arms
     assert {r["runs"] for r in throughput} == {"2"}  # the two seeds are repeats of one experiment
     assert {r["arm"] for r in _csv(folder / "runs.csv")} == arms
-    assert len(list((folder / "plots").glob("steps-*.png"))) == 1
+    # one plot per baseline arm: the torch arms beside single, the TensorFlow arms beside tf_single
+    assert sorted(p.name for p in (folder / "plots").glob("steps-*.png")) == ["steps-single.png", "steps-tf_single.png"]
 
 
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
