@@ -24,9 +24,10 @@ PREDICTED_FILE = "predicted.json"
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 
 
-def analytic_profile(recipe) -> StepProfile:
+def analytic_profile(recipe, flops_per_step: int | None = None) -> StepProfile:
     """A StepProfile from the dry run's estimate; no peak bytes (0), communication only for the
-    data-parallel strategies, where it is the gradient (and parameter) bytes."""
+    data-parallel strategies, where it is the gradient (and parameter) bytes. ``flops_per_step``:
+    the global step's FLOPs where the caller has counted them already (a run's summary has)."""
     from suite.estimate import predicted_held_bytes
     from suite.record import flops
 
@@ -45,7 +46,7 @@ def analytic_profile(recipe) -> StepProfile:
             comm = {"reduce_scatter": (grad_bytes, 1), "all_gather": (param_bytes, 1)}
         elif (name == "zero" and stage == 3) or name in ("fsdp", "fsdp1"):
             comm = {"all_gather": (2 * param_bytes, 2), "reduce_scatter": (grad_bytes, 1)}  # forward and backward gathers
-    total_flops = flops.train_step_flops(recipe) or 0
+    total_flops = (flops_per_step if flops_per_step is not None else flops.train_step_flops(recipe)) or 0
     return StepProfile(strategy=name, world_size=world, held_bytes=est["per_rank"], peak_bytes=0,
                        flops=total_flops // world, samples=recipe.training.batch_size,
                        comm_bytes={k: b for k, (b, _) in comm.items()}, comm_calls={k: c for k, (_, c) in comm.items()},
@@ -53,22 +54,18 @@ def analytic_profile(recipe) -> StepProfile:
                        "no peak bytes; communication only for ddp/allreduce/zero/fsdp")
 
 
-def profile_of(recipe) -> StepProfile:
-    return analytic_profile(recipe)  # not the fake run: see the module's docstring
-
-
-def prediction(recipe, calibration: dict | None = None) -> dict:
+def prediction(recipe, calibration: dict | None = None, flops_per_step: int | None = None) -> dict:
     """held_bytes (per rank), peak_bytes, step_time_s, samples_per_s and their sources, or an error."""
     try:
-        return _prediction(recipe, calibration)
+        return _prediction(recipe, calibration, flops_per_step)
     except Exception as e:  # noqa: BLE001 - a prediction is a comparison aid, never a reason to fail a run
         return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
 
 
-def _prediction(recipe, calibration):
+def _prediction(recipe, calibration, flops_per_step):
     from suite.planner import calibrate, timing
 
-    profile = profile_of(recipe)
+    profile = analytic_profile(recipe, flops_per_step)  # not the fake run: see the module's docstring
     out = {"source": profile.source, "held_bytes": profile.held_bytes,
            "peak_bytes": profile.peak_bytes or None, "notes": [profile.notes] if profile.notes else []}
     backend = "nccl" if recipe.launch.device == "cuda" else None

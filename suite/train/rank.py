@@ -157,7 +157,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         engine.close()
 
 
-def _predicted(recipe, run_dir) -> dict:
+def _predicted(recipe, run_dir, flops_per_step) -> dict:
     """The plan's prediction for this run (suite.planner.predict), made by rank 0 after training:
     it counts the model's FLOPs, seconds of work that neither the timed loop nor the submitting
     side (before the first step) should pay. Kept in predicted.json, so a resumed run reuses it."""
@@ -165,7 +165,7 @@ def _predicted(recipe, run_dir) -> dict:
 
     predicted = run_record.read_predicted(run_dir)
     if predicted is None:
-        predicted = prediction(recipe)
+        predicted = prediction(recipe, flops_per_step=flops_per_step)  # FLOPs counted once, for MFU
         run_record.record_predicted(run_dir, predicted)
     return predicted
 
@@ -226,7 +226,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "finished_at": time.time(),
         "attempts": loop.attempts,
         "torch": torch.__version__,
-        "predicted": _predicted(recipe, run_dir),
+        "predicted": _predicted(recipe, run_dir, run_level.get("flops_per_step")),
         **run_level,
     }
     run_record.write_summary(run_dir, summary)  # replaces: no stale field of an earlier attempt stays
