@@ -97,12 +97,17 @@ class ModuleEngine(Engine):
     def train_step(self, inputs, targets) -> StepResult:
         sums = self.accumulate_gradients(inputs, targets)
         self.reduce_gradients()
-        if not self._gradient_bytes:  # the same every step: measured once, off the per-step path
-            self._gradient_bytes = self.gradient_bytes()
+        self.note_gradient_bytes()
         grad_norm = self.clip_gradients()
         self.optimizer.step()
         self.zero_grad()
         return sums.result(len(inputs), grad_norm)
+
+    def note_gradient_bytes(self) -> None:
+        """Gradient bytes this rank holds at a step's end, for ``held_bytes``: the same every
+        step, so measured on the first step only, off the per-step path."""
+        if not self._gradient_bytes:
+            self._gradient_bytes = self.gradient_bytes()
 
     def clip_gradients(self) -> Optional[torch.Tensor]:
         """``training.grad_clip_norm``: after the reduction, before the step, scale the gradients

@@ -152,7 +152,7 @@ class ParamServerEngine(ModuleEngine):
         if self._must_pull or self._since_pull >= self.staleness:
             self._pull()
         sums = self.accumulate_gradients(inputs, targets)
-        self._gradient_bytes = self.gradient_bytes()
+        self.note_gradient_bytes()
         grad_norm = self.clip_gradients()  # each push is one update: clipped by its own norm
         if not self._push():
             self.refused += 1

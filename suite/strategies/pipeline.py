@@ -99,7 +99,7 @@ class PipelineStageEngine(ModuleEngine):
         busy_s = torch_compat.busy_s(stage)
         self.bubble_fractions.append(metrics.bubble_fraction(busy_s, wall_s))
         self.busy_s.append(busy_s)
-        self._gradient_bytes = self.gradient_bytes()
+        self.note_gradient_bytes()
         grad_norm = self.clip_gradients()
         self.optimizer.step()
         self.zero_grad()
