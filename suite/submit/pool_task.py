@@ -136,8 +136,7 @@ def _stand_in(points: Path, rank: int):
     pid = run_record.read_json(pid_file)
     for sig in (signal.SIGUSR2, signal.SIGTERM):  # the local controller's time limit and stop
         signal.signal(sig, lambda signum, frame: _send(pid, signum))
-    while alive(pid):
-        time.sleep(0.05)
+    wait_for_exit(pid)
     path = points / f"rank{rank}.exit.json"
     if not path.exists():  # killed without a word: so is its stand-in (no result, as for a killed task)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -161,6 +160,28 @@ def _reap(children: list[int], timeout_s: float = 60.0) -> None:
             except ChildProcessError:
                 pending.discard(pid)
         time.sleep(_POLL_S)
+
+
+def wait_for_exit(pid: int) -> None:
+    """Block until process ``pid`` (not our child) has ended, using no CPU meanwhile: a pidfd
+    (Linux 5.3+) becomes readable when it exits, and a signal's handler still runs while we wait
+    (select is resumed after it, PEP 475). Elsewhere, polls every 0.5 s (a stand-in that polled
+    every 50 ms took about 1 % of a core from the ranks it waits for)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is None:
+        while alive(pid):
+            time.sleep(0.5)
+        return
+    try:
+        while alive(pid):  # a zombie (exited, not yet reaped) is gone too
+            select.select([fd], [], [], 5.0)
+    finally:
+        os.close(fd)
 
 
 def alive(pid: int) -> bool:
