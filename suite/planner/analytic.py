@@ -1,21 +1,34 @@
-"""The analytic StepProfile: for a strategy whose real code cannot run on fake tensors.
+"""The analytic StepProfile: for a strategy whose real code cannot run on fake tensors, and for
+the prediction every run records (``suite.planner.predict``), which cannot pay for a fake run.
 
 Held bytes are ``suite.estimate``'s (the strategy's ``held_fraction``). FLOPs and activations
-come from a fake run of the bare model (no strategy) at the plan's rank batch, split over the
-pipeline stages where there are some. Communication follows the per-strategy rules below, in
-the byte conventions of ``suite.planner.profile`` (message sizes per rank per optimizer step;
-G: this rank's model gradient bytes before sharding, P: its parameter bytes, both fp32):
+come from a fake run of the bare model (no strategy) at the rank's batch, split over the
+pipeline stages where there are some. Communication follows the per-strategy rules of
+``communication`` (the one copy of them), in the byte conventions of ``suite.planner.profile``
+(message sizes per rank per optimizer step; G: this rank's model gradient bytes before
+sharding, P: its parameter bytes, both fp32; U: the units a sharding strategy gathers one at a
+time, every top-level block with parameters plus the root):
 
+- ``ddp``: all_reduce G in buckets of ``bucket_cap_mb`` (25 MiB by default), a call each.
+- ``allreduce``: all_reduce G, a call per parameter tensor (it reduces each gradient alone).
 - ``zero`` stage 0: all_reduce G. Stages 1 and 2: reduce_scatter G (gradients reduced into
-  their owners' partitions), all_gather P (the updated partitions gathered back). Stage 3:
-  all_gather P twice (before each forward and each backward of a layer), reduce_scatter G.
-- ``ds_pipeline``/``pipeline``: send and recv of the activations at each stage boundary
-  (forward) and their gradients (backward), not counted here (no fake run saw them); plus
-  all_reduce of the stage's gradients over its data-parallel group when dp > 1.
+  their owners' partitions), all_gather P (the updated partitions gathered back), a call each.
+  Stage 3: all_gather P twice (before each unit's forward and its backward), reduce_scatter G,
+  a call per unit and pass.
+- ``fsdp``/``fsdp1``: as ZeRO-3 (``reshard_after_forward: false``: one gather per unit).
 - ``oss`` (fairscale optimizer state sharding): all_reduce G (every gradient, as DDP), then
   broadcast P (each updated shard from the rank that owns it).
-Calls are one per kind: a lower bound (the libraries bucket as they see fit).
+- ``ds_pipeline``/``pipeline``/``layer_split``: all_reduce of the stage's gradients over its
+  data-parallel group when dp > 1; the send and recv of activations between stages are not
+  counted (no fake run saw them).
+- ``tensor``: the all-reduces inside each layer depend on the layers: not counted here (the
+  fake run of ``python -m suite.plan`` counts them).
+- ``hogwild``: none (the ranks share one copy of the parameters in memory).
 - anything else: the data-parallel rule, all_reduce G when there is more than one data rank.
+
+Peak bytes: what the rank holds (parameters, gradients, optimizer state: the estimate) plus the
+bare model's activations and temporaries at the rank's batch, plus the strategy's own buffers
+(``strategy_buffers``: DDP's gradient buckets, the unit a sharding strategy gathers).
 """
 from __future__ import annotations
 
@@ -23,9 +36,16 @@ from suite.planner.profile import StepProfile
 
 
 def model_step(recipe) -> dict:
-    """FLOPs and bytes of one fake step of the bare model on this process (no strategy, no
-    process group): {"flops", "peak_bytes", "held_bytes"} at the plan's accumulation batch."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """FLOPs and bytes of one step of the bare model on the meta device (no strategy, no process
+    group, no memory): {"flops", "peak_bytes", "parameter_bytes"} at the plan's accumulation
+    batch. Two steps run: the first creates the optimizer state; the second is measured, and its
+    ``peak_bytes`` are the most bytes created during it alive at once (gradients, activations,
+    the optimizer's temporaries), not what existed before it.
+
+    The meta device rather than FakeTensorMode: a backward under FakeTensorMode starts autograd's
+    device threads, after which a process can no longer fork ranks that train (a run's rank 0,
+    a test process); one on the meta device does not."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from suite.planner.fake_run import _LiveBytes, fake_batch
@@ -33,35 +53,76 @@ def model_step(recipe) -> dict:
 
     plan = recipe.plan()
     setup = make_setup(recipe, None)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = setup.build_model()
-        optimizer = setup.make_optimizer(model.parameters())
-        inputs, targets = fake_batch(recipe, plan.accumulation_batch)
-        flops, live = FlopCounterMode(display=False), _LiveBytes()
-        with flops, live:
-            loss = setup.task.loss(model(inputs), inputs, targets)
-            loss.backward()
-            optimizer.step()
-        parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    with torch.random.fork_rng(devices=[]):
+        with torch.device("meta"):
+            model = setup.build_model()
+            inputs, targets = fake_batch(recipe, plan.accumulation_batch)
+        optimizer = setup.make_optimizer(model.parameters())  # its step counters stay on the CPU: Adam reads them
+        for _ in range(2):
+            flops, live = FlopCounterMode(display=False), _LiveBytes()
+            with flops, live:
+                loss = setup.task.loss(model(inputs), inputs, targets)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"flops": int(flops.get_total_flops()) * plan.accumulation_steps, "peak_bytes": live.peak,
             "parameter_bytes": parameters}
 
 
-def communication(recipe, parameter_bytes: int) -> dict[str, int]:
-    """Bytes per collective kind per rank per step by the rules in the module doc."""
+DDP_BUCKET_MB = 25  # torch DDP's default bucket_cap_mb
+NO_COLLECTIVES = ("hogwild", "single", "tf_single")
+
+
+def units(recipe) -> list[int]:
+    """Parameter bytes of the units a sharding strategy gathers one at a time: each top-level
+    block with parameters, then the root's own (what is left)."""
+    model = recipe.model_info().build_meta()
+    blocks = [sum(p.numel() * p.element_size() for p in block.parameters()) for block in model.children()]
+    blocks = [b for b in blocks if b]
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return blocks + ([total - sum(blocks)] if total > sum(blocks) else [])
+
+
+def communication(recipe, g: int, p: int) -> dict[str, tuple[int, int]]:
+    """{kind: (bytes, calls)} per rank per step by the rules in the module doc; ``g`` and ``p``:
+    this rank's gradient and parameter bytes before sharding (its stage's, under a pipeline)."""
     strategy, plan = recipe.strategy, recipe.plan()
-    g = p = parameter_bytes // max(plan.degree("pipeline"), 1)
-    if plan.dp_size == 1 and strategy.name != "pipeline":
+    name, dp = strategy.name, plan.dp_size
+    if recipe.world_size == 1 or name in NO_COLLECTIVES or name == "tensor":
         return {}
-    if strategy.name == "zero":
-        if strategy.stage == 0:
-            return {"all_reduce": g}
-        if strategy.stage in (1, 2):
-            return {"reduce_scatter": g, "all_gather": p}
-        return {"all_gather": 2 * p, "reduce_scatter": g}
-    if strategy.name == "oss":
-        return {"all_reduce": g, "broadcast": p}
-    return {"all_reduce": g} if plan.dp_size > 1 else {}
+    if name == "ddp":
+        bucket = (getattr(strategy, "bucket_cap_mb", None) or DDP_BUCKET_MB) * 2**20
+        return {"all_reduce": (g, max(1, -(-g // int(bucket))))} if dp > 1 else {}
+    if name == "allreduce":
+        tensors = sum(1 for _ in recipe.model_info().build_meta().parameters())
+        return {"all_reduce": (g, tensors)}
+    if name == "zero" and strategy.stage == 0:
+        return {"all_reduce": (g, 1)}
+    if name == "zero" and strategy.stage in (1, 2):
+        return {"reduce_scatter": (g, 1), "all_gather": (p, 1)}
+    if (name == "zero" and strategy.stage == 3) or name in ("fsdp", "fsdp1", "fairscale_fsdp"):
+        n = len(units(recipe)) or 1
+        gathers = 1 if getattr(strategy, "reshard_after_forward", True) is False else 2
+        return {"all_gather": (gathers * p, gathers * n), "reduce_scatter": (g, n)}
+    if name == "oss":
+        return {"all_reduce": (g, 1), "broadcast": (p, 1)}
+    return {"all_reduce": (g, 1)} if dp > 1 else {}
+
+
+def strategy_buffers(recipe, g: int) -> int:
+    """Bytes a strategy allocates beside what the rank holds and the model's activations, at their
+    most during a step: DDP's buckets (a copy of every gradient, ``gradient_as_bucket_view`` off);
+    a sharding strategy's largest unit gathered whole (its parameters, then its gradients before
+    the reduce-scatter)."""
+    name = recipe.strategy.name
+    if recipe.world_size == 1:
+        return 0
+    if name == "ddp":
+        return g
+    if name in ("fsdp", "fsdp1", "fairscale_fsdp") or (name == "zero" and recipe.strategy.stage == 3):
+        return 2 * max(units(recipe), default=0)
+    return 0
 
 
 def profile(recipe, world_size: int, reason: str) -> StepProfile:
@@ -73,16 +134,18 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     step = model_step(recipe)
     stages = plan.degree("pipeline")
     held = {k: int(v) for k, v in predicted_held_bytes(recipe)["per_rank"].items()}
-    # The bare model's peak minus its parameters, gradients and optimizer state: activations and
-    # temporaries, split over the stages; the strategy's own buffers are not in it.
+    # The bare model's step peak minus its gradients: activations and temporaries, split over the
+    # stages; the strategy's own buffers are not in it (strategy_buffers).
     whole = predicted_held_bytes(recipe)["total"]
-    activations = max(step["peak_bytes"] - whole["gradients"] - whole["optimizer_state"], 0) // stages
-    comm = communication(recipe, step["parameter_bytes"])
-    notes = [f"analytic: {reason}", "peak = held + the bare model's activations"]
+    activations = max(step["peak_bytes"] - whole["gradients"], 0) // stages
+    stage_bytes = step["parameter_bytes"] // stages
+    comm = communication(recipe, stage_bytes, stage_bytes)
+    notes = [f"analytic: {reason}", "peak = held + the bare model's activations + the strategy's buffers"]
     if stages > 1:
         notes.append("send/recv between stages not counted")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
-                       peak_bytes=int(sum(held.values()) + activations), flops=step["flops"] // stages,
-                       samples=recipe.training.batch_size, comm_bytes=comm,
-                       comm_calls={k: 1 for k in comm}, source="analytic", notes="; ".join(notes))
+                       peak_bytes=int(sum(held.values()) + activations + strategy_buffers(recipe, stage_bytes)),
+                       flops=step["flops"] // stages, samples=recipe.training.batch_size,
+                       comm_bytes={k: b for k, (b, _) in comm.items()}, comm_calls={k: c for k, (_, c) in comm.items()},
+                       source="analytic", notes="; ".join(notes))
 

@@ -185,9 +185,17 @@ def run_slurm(launch, world: int, message_sizes: list[int], folder: Path) -> dic
     """One Slurm job of ``world`` tasks with the recipe's launch settings; rank 0's measurements."""
     from suite.submit.launch import make_executor
 
+    from suite.compat import submitit as submitit_compat
+    from suite.errors import SuiteError
+
     nodes = max(1, -(-world // launch.tasks_per_node))
     launch = launch.model_copy(update={"nodes": nodes, "tasks_per_node": world // nodes})
-    job = make_executor(launch, folder).submit(CalibrateTask(world, message_sizes, launch.device))
+    try:
+        job = make_executor(launch, folder).submit(CalibrateTask(world, message_sizes, launch.device))
+    except submitit_compat.failed_job_error() as e:  # the controller is down, or refuses the shape
+        why = " ".join(str(e).split())[-300:]
+        raise SuiteError(f"sbatch refused the calibration job ({why}); check that Slurm is up (sinfo) and "
+                         f"launch.partition, account, qos and sbatch_extra") from None
     print(f"submitted Slurm job {job.job_id} ({nodes} node(s), {world} task(s)); waiting", flush=True)
     return next(r for r in job.results() if r is not None)
 

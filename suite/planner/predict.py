@@ -6,66 +6,39 @@ counting the model's FLOPs takes seconds, which neither the timed loop nor the s
 before the first step, should pay. A failure to predict is recorded as ``predicted.error``, never
 a failed run.
 
-The profile is what the dry run knows (``analytic_profile``: held bytes from ``suite.estimate``,
-FLOPs from ``suite.record.flops``, the data-parallel strategies' collectives from the gradient and
-parameter bytes, one call per phase), not the fake run of ``python -m suite.plan``
-(``suite.planner.fake_run``): that forks a process and takes seconds per point, which every launch
-and every point of a sweep would pay before its first step. ``source`` says which. The step
-time needs a calibration of this host (``python -m suite.calibrate``); without one only bytes are
-predicted and ``notes`` says so.
+The profile is the analytic one (``suite.planner.analytic.profile``: held bytes from
+``suite.estimate``, a fake step of the bare model at the rank's batch for FLOPs and activations,
+the strategy's collectives and buffers by its rule), not the fake run of the whole strategy that
+``python -m suite.plan`` makes (``suite.planner.fake_run``): that needs a process of its own
+(it joins a fake process group and patches globals) and takes seconds per point, which every
+run and every point of a sweep would pay. ``source`` says which. The step time needs a
+calibration of this host (``python -m suite.calibrate``); without one only bytes are predicted
+and ``notes`` says so.
 """
 from __future__ import annotations
 
-import math
-
-from suite.planner.profile import StepProfile
-
 PREDICTED_FILE = "predicted.json"
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 
 
-def analytic_profile(recipe, flops_per_step: int | None = None) -> StepProfile:
-    """A StepProfile from the dry run's estimate; no peak bytes (0), communication only for the
-    data-parallel strategies, where it is the gradient (and parameter) bytes. ``flops_per_step``:
-    the global step's FLOPs where the caller has counted them already (a run's summary has)."""
-    from suite.estimate import predicted_held_bytes
-    from suite.record import flops
+def analytic_profile(recipe):
+    """The run's StepProfile at its own world size (``suite.planner.analytic``)."""
+    from suite.planner import analytic
 
-    est = predicted_held_bytes(recipe)
-    world, name = recipe.world_size, recipe.strategy.name
-    grad_bytes = est["total"]["gradients"]
-    param_bytes = est["total"]["parameters"]
-    stage = getattr(recipe.strategy, "stage", None)
-    comm: dict[str, tuple[int, int]] = {}  # kind -> (bytes, calls)
-    if world > 1:
-        if name in ("ddp", "allreduce") or (name == "zero" and stage == 0):
-            calls = (math.ceil(grad_bytes / DDP_BUCKET_BYTES) if name == "ddp"
-                     else sum(1 for _ in recipe.model_info().build_meta().parameters()))
-            comm["all_reduce"] = (grad_bytes, calls)
-        elif name == "zero" and stage in (1, 2):
-            comm = {"reduce_scatter": (grad_bytes, 1), "all_gather": (param_bytes, 1)}
-        elif (name == "zero" and stage == 3) or name in ("fsdp", "fsdp1"):
-            comm = {"all_gather": (2 * param_bytes, 2), "reduce_scatter": (grad_bytes, 1)}  # forward and backward gathers
-    total_flops = (flops_per_step if flops_per_step is not None else flops.train_step_flops(recipe)) or 0
-    return StepProfile(strategy=name, world_size=world, held_bytes=est["per_rank"], peak_bytes=0,
-                       flops=total_flops // world, samples=recipe.training.batch_size,
-                       comm_bytes={k: b for k, (b, _) in comm.items()}, comm_calls={k: c for k, (_, c) in comm.items()},
-                       source="analytic", notes="the dry run's estimate (python -m suite.plan runs the fake step); "
-                       "no peak bytes; communication only for ddp/allreduce/zero/fsdp")
+    return analytic.profile(recipe, recipe.world_size, "the run's own prediction (no fake run of the strategy)")
 
 
-def prediction(recipe, calibration: dict | None = None, flops_per_step: int | None = None) -> dict:
+def prediction(recipe, calibration: dict | None = None) -> dict:
     """held_bytes (per rank), peak_bytes, step_time_s, samples_per_s and their sources, or an error."""
     try:
-        return _prediction(recipe, calibration, flops_per_step)
+        return _prediction(recipe, calibration)
     except Exception as e:  # noqa: BLE001 - a prediction is a comparison aid, never a reason to fail a run
         return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
 
 
-def _prediction(recipe, calibration, flops_per_step):
+def _prediction(recipe, calibration):
     from suite.planner import calibrate, timing
 
-    profile = analytic_profile(recipe, flops_per_step)  # not the fake run: see the module's docstring
+    profile = analytic_profile(recipe)  # not the fake run: see the module's docstring
     out = {"source": profile.source, "held_bytes": profile.held_bytes,
            "peak_bytes": profile.peak_bytes or None, "notes": [profile.notes] if profile.notes else []}
     backend = "nccl" if recipe.launch.device == "cuda" else None

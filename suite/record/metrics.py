@@ -7,6 +7,11 @@
 - eval_time_s: wall time of one full pass over the validation set.
 - peak_memory_bytes: on GPU, the CUDA allocator's peak allocated bytes; on CPU, the process's
   peak resident set size (which includes the Python runtime and libraries).
+- peak_memory_above_start_bytes: the memory the training itself took. On CPU, peak_memory_bytes
+  minus the resident set when the rank began building its model (Python, torch, the strategy's
+  libraries and the data set already loaded): parameters, gradients, optimizer state,
+  activations, communication buffers, and what the allocators keep around them. On GPU, equal
+  to peak_memory_bytes (the CUDA allocator counts tensors only). The planner predicts this one.
 - bubble_fraction: share of a pipeline stage's schedule wall time spent not computing (waiting for
   neighbours): 1 - busy_s / wall_s, per rank; compare with (stages-1)/(micro_batches+stages-1).
 - val_perplexity (language models): exp of the mean loss per scored token over the whole validation
@@ -68,6 +73,17 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def memory_start_bytes(device: torch.device) -> int:
+    """What peak_memory_above_start_bytes is measured from: the resident set now on CPU (Linux:
+    /proc/self/statm), 0 on GPU."""
+    if device.type == "cuda":
+        return 0
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Stopwatch:

@@ -42,6 +42,7 @@ class RankSummary(BaseModel):
     model_config = ConfigDict(extra="allow")  # utilisation means/peaks vary with the device
     rank: int
     peak_memory_bytes: int
+    peak_memory_above_start_bytes: Optional[int] = None  # None: a TensorFlow run (its own loop)
     held_bytes: dict[str, int]
     step_time_s: Optional[float] = None
     device: str = "cpu"

@@ -114,6 +114,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     if recipe.strategy.owns_training:
         return _train_own_loop(recipe, ctx, run_dir, train_set, val_set)
     setup = make_setup(recipe, ctx, run_dir)
+    memory_start = _memory_start(recipe, ctx)
     engine = strategies.build(recipe.strategy, setup)
     if ctx.is_main:  # a resumed run redoes what came after its checkpoint: drop those records
         saved = checkpoint.latest(run_dir)
@@ -143,7 +144,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
-        _write_summary(recipe, ctx, engine, run_dir, loop, epochs)
+        _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start)
     except stop.Stopped as stopped:
         if ctx.is_main:
             run_record.update_summary(run_dir, status=stopped.status, steps=loop.step, attempts=loop.attempts)
@@ -157,15 +158,26 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         engine.close()
 
 
-def _predicted(recipe, run_dir, flops_per_step) -> dict:
+def _memory_start(recipe, ctx) -> int:
+    """The resident set before the model is built (metrics.peak_memory_above_start_bytes), with the
+    strategy's libraries imported first: their code is not the training's memory."""
+    import importlib
+
+    for module in strategies.STRATEGIES[recipe.strategy.name].Options.warm_imports:
+        importlib.import_module(module)
+    return metrics.memory_start_bytes(ctx.device)
+
+
+def _predicted(recipe, run_dir) -> dict:
     """The plan's prediction for this run (suite.planner.predict), made by rank 0 after training:
-    it counts the model's FLOPs, seconds of work that neither the timed loop nor the submitting
-    side (before the first step) should pay. Kept in predicted.json, so a resumed run reuses it."""
+    its fake step of the model takes a second or more, which neither the timed loop nor the
+    submitting side (before the first step) should pay. Kept in predicted.json, so a resumed run
+    reuses it."""
     from suite.planner.predict import prediction
 
     predicted = run_record.read_predicted(run_dir)
     if predicted is None:
-        predicted = prediction(recipe, flops_per_step=flops_per_step)  # FLOPs counted once, for MFU
+        predicted = prediction(recipe)
         run_record.record_predicted(run_dir, predicted)
     return predicted
 
@@ -181,8 +193,10 @@ def _train_own_loop(recipe, ctx, run_dir: Path, train_set, val_set) -> None:
         log.close()
 
 
-def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
-    mine = {"rank": ctx.rank, "peak_memory_bytes": metrics.peak_memory_bytes(ctx.device),
+def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start: int | None = None) -> None:
+    peak = metrics.peak_memory_bytes(ctx.device)
+    mine = {"rank": ctx.rank, "peak_memory_bytes": peak,
+            "peak_memory_above_start_bytes": None if memory_start is None else max(peak - memory_start, 0),
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics()}
     mine.update(loop.log.rank_fields(ctx, loop))  # utilisation, throughput, device
@@ -226,7 +240,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs) -> None:
         "finished_at": time.time(),
         "attempts": loop.attempts,
         "torch": torch.__version__,
-        "predicted": _predicted(recipe, run_dir, run_level.get("flops_per_step")),
+        "predicted": _predicted(recipe, run_dir),
         **run_level,
     }
     run_record.write_summary(run_dir, summary)  # replaces: no stale field of an earlier attempt stays
