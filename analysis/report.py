@@ -48,10 +48,11 @@ RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "
         "samples_per_s": "samples/s", "final_train_loss": "train loss", "final_train_accuracy": "train accuracy",
         "final_val_loss": "val loss", "final_val_accuracy": "val accuracy"}
 
-PREDICTED_NOTE = ("The plan's prediction recorded before launch (summary.json `predicted`) against what the run "
+PREDICTED_NOTE = ("The plan's prediction each run recorded (summary.json `predicted`) against what the run "
                   "measured; error = predicted / measured - 1. Held bytes and peak memory: the rank with most "
-                  "(peak memory on CPU is the process's maximum resident set, interpreter and libraries included). "
-                  "Profile: fake (the fake run) or analytic (the dry run's estimate).")
+                  "(peak memory on CPU is the rank's peak resident set above the one it had before building the model, "
+                  "`peak_memory_above_start_bytes`: interpreter, libraries and data set left out). "
+                  "Profile: fake (the fake run of the strategy) or analytic (its rule: suite/planner/analytic.py).")
 
 
 def parse_args(argv):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -94,6 +95,35 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
 
 
+def test_calibrate_with_a_recipe_times_each_world_and_the_model_with_as_many_ranks_at_once(tmp_path, monkeypatch):
+    """--world-size 2,4: collectives fitted at each world (4 ranks on this machine's 2 cores wait
+    for each other's turn), and the recipe's model stepped by 1, 2 and 4 ranks at once; a run at
+    world 4 is then predicted from what was measured at 4."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "c.json"
+    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "recipes/quickstart.yaml", "--world-size", "2,4",
+                           "--max-bytes", str(64 * 2**10), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads(out.read_text())
+    assert set(c["collectives_by_world"]) == {"2", "4"} and c["collectives"] == c["collectives_by_world"]["2"]
+    (model,) = c["compute"]["models"].values()
+    rates = model["by_ranks_per_node"]
+    assert set(rates) == {"1", "2", "4"}
+    assert [rates[k]["rank_batch"] for k in ("1", "2", "4")] == [64, 32, 16]  # quickstart's global batch 64
+    assert all(r["flops_per_s"] > 0 and r["threads"] == max(1, c["compute"]["cores"] // r["ranks_per_node"])
+               for r in rates.values())
+    assert "4 rank(s) at once" in proc.stdout and "at 4 ranks:" in proc.stdout
+    from suite import recipe as recipes
+
+    recipe = recipes.load("recipes/quickstart.yaml", ["launch.tasks_per_node=4"])[0]
+    rate, how = timing.compute_rate(c, 4, timing.model_key(recipe))
+    assert rate == rates["4"]["flops_per_s"] and "4 rank(s) stepping at once" in how
+    profile = _profile("ddp", 4, comm={"all_reduce": (10**6, 1)})
+    fit = c["collectives_by_world"]["4"]["all_reduce"]
+    assert timing.comm_time_s(profile, c)["all_reduce"] == pytest.approx(
+        alpha_beta.call_time_s("all_reduce", 4, 10**6, fit["alpha_s"], fit["beta_bytes_per_s"]))
+
+
 def test_calibrate_refuses_one_rank_in_one_line(capsys):
     assert calibrate.main(["--world-size", "1"]) == 2
     err = capsys.readouterr().err.strip()
@@ -102,10 +132,13 @@ def test_calibrate_refuses_one_rank_in_one_line(capsys):
 
 # ---- the time model ----------------------------------------------------------------------------
 
+GPU = {"device": "cuda"}  # the overlap rules as written: a CPU with a rank on every core hides nothing
+
+
 def test_ddp_half_of_the_all_reduce_hides_under_backward():
     grad_bytes = 4 * 10**6
     p = _profile("ddp", 2, flops=10**9, comm={"all_reduce": (grad_bytes, 3)})
-    t = timing.predict_step_time(p, _calibration())
+    t = timing.predict_step_time(p, _calibration(), GPU)
     assert t["compute_s"] == pytest.approx(0.1)  # 1e9 FLOPs / 1e10 FLOP/s (1 thread each: 2 ranks, 2 cores)
     comm = 3 * 2 * ALPHA_S + 1 * grad_bytes / BETA  # 3 calls x 2(N-1) α + 2(N-1)/N n/β
     assert t["comm_s"] == pytest.approx(comm)
@@ -116,7 +149,7 @@ def test_ddp_half_of_the_all_reduce_hides_under_backward():
 
 def test_hidden_communication_is_capped_by_the_backward_window():
     p = _profile("ddp", 2, flops=10**7, comm={"all_reduce": (10**9, 1)})  # 1 s of all-reduce, 1 ms of compute
-    t = timing.predict_step_time(p, _calibration())
+    t = timing.predict_step_time(p, _calibration(), GPU)
     assert t["exposed_comm_s"] == pytest.approx(t["comm_s"] - 1e-3 * timing.BACKWARD_SHARE)
 
 
@@ -131,8 +164,15 @@ def test_allreduce_and_zero_1_2_expose_all_communication():
 def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
     comm = {"all_gather": (2 * 10**6, 2), "reduce_scatter": (10**6, 1)}
     for strategy, options in (("zero", {"stage": 3}), ("fsdp", {})):
-        t = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), options)
+        t = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, **GPU})
         assert t["exposed_comm_s"] == pytest.approx(t["comm_s"] / 2)
+        # On a CPU whose every core runs a rank, gloo's threads take their time from compute.
+        cpu = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, "device": "cpu"})
+        assert cpu["exposed_comm_s"] == pytest.approx(cpu["comm_s"])
+        # With a core to spare (one rank on two cores), the rule applies again.
+        spare = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(),
+                                         {**options, "device": "cpu", "ranks_per_node": 1})
+        assert spare["exposed_comm_s"] == pytest.approx(spare["comm_s"] / 2)
 
 
 def test_pipeline_bubble_and_sends():
@@ -174,6 +214,9 @@ def test_a_run_records_its_prediction_and_the_report_sets_it_beside_the_measurem
     step_losses(recipe, run_dir)
     summary = run_record.read_summary(run_dir)
     assert summary["predicted"] == predicted
+    held = sum(predicted["held_bytes"].values())
+    assert predicted["peak_bytes"] > held  # activations and the optimizer's temporaries on top
+    assert 0 < summary["ranks"][0]["peak_memory_above_start_bytes"] < summary["ranks"][0]["peak_memory_bytes"]
     assert report.main([str(run_dir), "--out", str(tmp_path / "report"), "--no-wandb"]) == 0
     md = (tmp_path / "report" / "tables.md").read_text()
     assert "## Predicted vs measured" in md and "step time (s) error" in md and "held bytes predicted" in md
@@ -203,3 +246,14 @@ def test_calibrate_through_slurm_times_the_job_on_two_nodes(tmp_path, monkeypatc
     assert "submitted Slurm job" in proc.stdout
     c = json.loads(out.read_text())
     assert c["world_size"] == 2 and all(f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0 for f in c["collectives"].values())
+
+
+def test_a_calibration_slurm_refuses_is_one_line_and_exit_2(tmp_path):
+    """sbatch failing (here: no readable slurm.conf, as with the controller down) ends the
+    calibration with the scheduler's words in one line, not submitit's traceback."""
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "missing.conf"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "recipes/quickstart.yaml", "launch.executor=slurm",
+                           "--max-bytes", "8192"], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "error: sbatch refused the calibration job" in proc.stderr and "sinfo" in proc.stderr

@@ -12,7 +12,7 @@ import yaml
 from suite import recipe as recipes
 from suite.errors import SuiteError
 from suite.estimate import predicted_held_bytes
-from suite.planner import cli, fake_run
+from suite.planner import analytic, cli, fake_run
 from suite.record.run_record import read_json
 from tests.parity import BASE, make_recipe, step_losses
 
@@ -90,6 +90,23 @@ def test_ddp_all_reduces_its_gradients_once_and_fsdp_gathers_twice_per_step():
     fsdp = profiles[("fsdp", 2)]
     assert fsdp.comm_bytes == {"all_gather": 2 * gradient_bytes, "reduce_scatter": gradient_bytes}
     assert fsdp.flops == ddp.flops > 0
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "allreduce", "fsdp"])
+def test_the_analytic_rule_each_run_records_sends_what_the_real_strategy_code_sends(strategy):
+    """Each run's own prediction uses the analytic profile (no fake run of the strategy); its
+    collectives, FLOPs and peak are held to the fake run of the real code."""
+    raw = _raw({"name": "mlp", "hidden": [64, 64]}, {"name": "digits"}, 64)
+    fake = _profiles(raw, strategy, [2])[(strategy, 2)]
+    assert fake.source == "fake"
+    recipe = fake_run.at_world(recipes.validate({**raw, "strategy": {"name": strategy}}), 2)
+    rule = analytic.profile(recipe, 2, "under test")
+    assert rule.comm_bytes == fake.comm_bytes
+    assert rule.comm_calls == fake.comm_calls
+    assert rule.flops == fake.flops
+    # The estimate leaves out Adam's step counters (4 bytes per parameter tensor).
+    assert rule.held_bytes == pytest.approx(fake.held_bytes, rel=1e-3)
+    assert abs(rule.peak_bytes / fake.peak_bytes - 1) <= 0.1, (rule.peak_bytes, fake.peak_bytes)
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])

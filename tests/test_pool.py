@@ -102,3 +102,32 @@ def test_every_strategy_declares_warm_imports_that_exist():
     for name, module in STRATEGIES.items():
         for warm in module.Options.warm_imports:
             assert importlib.util.find_spec(warm) is not None, (name, warm)
+
+
+def test_polls_slow_down_while_ranks_train_and_a_stand_in_waits_without_polling():
+    """The submitter polls every 50 ms at first (a short sweep point ends promptly), then backs
+    off to 0.5 s; a stand-in blocks on its rank's pidfd and still runs its signal handlers."""
+    import signal
+    import threading
+    import time
+
+    from suite.submit.follow import SLOWEST_POLL_S, poll_interval_s
+    from suite.submit.pool_task import wait_for_exit
+
+    assert poll_interval_s(0.05, 0.0) == 0.05
+    assert poll_interval_s(0.05, 4.0) == pytest.approx(0.2)
+    assert poll_interval_s(0.05, 60.0) == SLOWEST_POLL_S
+
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    got = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    try:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        started, cpu = time.monotonic(), time.process_time()
+        wait_for_exit(rank.pid)
+        assert 1.0 < time.monotonic() - started < 10  # it waited for the exit, no longer
+        assert time.process_time() - cpu < 0.1  # without polling
+        assert got == [signal.SIGUSR1]  # the handler ran while it waited
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        rank.wait()

@@ -29,6 +29,15 @@ def test_recipe_dry_runs(path, capsys):
     assert "nothing launched (--dry-run)" in out
 
 
+def test_a_dry_run_prints_the_predicted_peak_memory_per_rank(capsys):
+    import re
+
+    assert cli.main(["recipes/quickstart.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    peak = float(re.search(r"predicted peak memory per rank ([0-9.]+) MiB", out).group(1))
+    assert peak > 0.3  # above the 0.3 MiB quickstart's CNN holds: activations and temporaries on top
+
+
 def _fashion_mnist(root: Path) -> None:
     rng = np.random.default_rng(0)
     raw = root / "FashionMNIST" / "raw"

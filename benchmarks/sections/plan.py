@@ -35,7 +35,7 @@ def _errors(got: list[dict]) -> dict:
 
 
 def calibrate(bench: Bench) -> str:
-    command = [sys.executable, "-m", "suite.calibrate", str(BASE), *SHAPE,
+    command = [sys.executable, "-m", "suite.calibrate", str(BASE), *SHAPE, "--world-size", "2,4",
                "--max-bytes", str(2**22 if bench.quick else 2**26), "--out", str(bench.out / "plan" / "calibration.json")]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
@@ -60,7 +60,7 @@ def run(bench: Bench) -> Section:
         rows.append([label, world, e["source"], e["held"], e["peak"], e["step_predicted"], e["step_measured"], e["step"]])
     s.lines += ["MLP 784-2048-2048-10, Adam, fp32, global batch 128 (`base.yaml` with a wider MLP); "
                 f"error = predicted / measured - 1, medians of {bench.repeats} run(s). World 4 runs 4 ranks on 2 cores. "
-                "Calibration first (`python -m suite.calibrate`, its table below); each run's prediction is the one it "
+                "Calibration first (`python -m suite.calibrate --world-size 2,4`: collectives at 2 and 4 ranks, the model stepped by 1, 2 and 4 ranks at once; its table below); each run's prediction is the one it "
                 "recorded after training. Peak memory on CPU: the rank's peak resident set above its resident set "
                 "before the model was built (`peak_memory_above_start_bytes`), against the predicted peak (held bytes, "
                 "the bare model's activations and temporaries, the strategy's buffers).", "",

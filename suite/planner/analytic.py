@@ -3,7 +3,7 @@ the prediction every run records (``suite.planner.predict``), which cannot pay f
 
 Held bytes are ``suite.estimate``'s (the strategy's ``held_fraction``). FLOPs and activations
 come from a fake run of the bare model (no strategy) at the rank's batch, split over the
-pipeline stages where there are some. Communication follows the per-strategy rules of
+ranks that share one replica (pipeline stages, tensor-parallel ranks) where there are some. Communication follows the per-strategy rules of
 ``communication`` (the one copy of them), in the byte conventions of ``suite.planner.profile``
 (message sizes per rank per optimizer step; G: this rank's model gradient bytes before
 sharding, P: its parameter bytes, both fp32; U: the units a sharding strategy gathers one at a
@@ -133,19 +133,20 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     plan = recipe.plan()
     step = model_step(recipe)
     stages = plan.degree("pipeline")
+    parts = max(1, recipe.world_size // plan.dp_size)  # ranks sharing one replica: pipeline stages x tensor ranks
     held = {k: int(v) for k, v in predicted_held_bytes(recipe)["per_rank"].items()}
     # The bare model's step peak minus its gradients: activations and temporaries, split over the
     # stages; the strategy's own buffers are not in it (strategy_buffers).
     whole = predicted_held_bytes(recipe)["total"]
-    activations = max(step["peak_bytes"] - whole["gradients"], 0) // stages
-    stage_bytes = step["parameter_bytes"] // stages
+    activations = max(step["peak_bytes"] - whole["gradients"], 0) // parts
+    stage_bytes = step["parameter_bytes"] // parts
     comm = communication(recipe, stage_bytes, stage_bytes)
     notes = [f"analytic: {reason}", "peak = held + the bare model's activations + the strategy's buffers"]
     if stages > 1:
         notes.append("send/recv between stages not counted")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(sum(held.values()) + activations + strategy_buffers(recipe, stage_bytes)),
-                       flops=step["flops"] // stages, samples=recipe.training.batch_size,
+                       flops=step["flops"] // parts, samples=recipe.training.batch_size,
                        comm_bytes={k: b for k, (b, _) in comm.items()}, comm_calls={k: c for k, (_, c) in comm.items()},
                        source="analytic", notes="; ".join(notes))
 

@@ -220,7 +220,8 @@ def compute_rates(precision: str = "fp32") -> dict:
 
 def model_rate(recipe, world: int, threads: int, steps: int = 5) -> dict | None:
     """The FLOP rate the recipe's model achieves in a training step (forward, backward, optimizer)
-    at the rank batch of a data-parallel run at ``world`` ranks, on ``threads`` threads."""
+    at the rank batch of a data-parallel run at ``world`` ranks, on ``threads`` threads, in this
+    process."""
     import torch
 
     from suite.models import build as build_model
@@ -255,6 +256,34 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5) -> dict | None:
             "step_s": step_s, "flops_per_s": rank_flops / step_s}
 
 
+def _rate_child(recipe, ranks: int, threads: int, queue) -> None:
+    queue.put(model_rate(recipe, ranks, threads))
+
+
+def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
+    """{ranks: rate}: for each count of ranks sharing this node, the rate one rank's model step
+    achieves at its rank batch while that many ranks step at once (forked processes, each with
+    ``cores // ranks`` threads, at least one), so that the threads' scaling, the batch size and
+    the ranks' contention for the cores are measured rather than assumed. The slowest rank's."""
+    import multiprocessing
+
+    out = {}
+    context = multiprocessing.get_context("fork")
+    for ranks in ranks_per_node:
+        threads = max(1, cores // ranks)
+        queue = context.SimpleQueue()
+        procs = [context.Process(target=_rate_child, args=(recipe, ranks, threads, queue)) for _ in range(ranks)]
+        for proc in procs:
+            proc.start()
+        rates = [queue.get() for _ in procs]
+        for proc in procs:
+            proc.join()
+        rates = [r for r in rates if r]
+        if rates:
+            out[str(ranks)] = {**min(rates, key=lambda r: r["flops_per_s"]), "ranks_per_node": ranks}
+    return out
+
+
 # ---- the file --------------------------------------------------------------------------------
 
 def cache_dir() -> Path:
@@ -284,26 +313,46 @@ def load(path=None, backend: str | None = None) -> dict | None:
     return None
 
 
-def calibrate(world: int = 2, max_bytes: int = MAX_BYTES, recipe=None, min_bytes: int = MIN_BYTES,
+def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=None, min_bytes: int = MIN_BYTES,
               folder: Path | None = None) -> dict:
-    """Measure and fit; the calibration as a dict (not yet saved)."""
+    """Measure and fit; the calibration as a dict (not yet saved). ``world``: the world size(s)
+    to time collectives at; the first gives ``collectives``, each its own ``collectives_by_world``
+    (the time model takes the fit of a run's own world size where there is one: at more ranks
+    than cores, peers wait for each other's turn on a core, which one fit cannot carry)."""
     started = time.perf_counter()
+    worlds = [world] if isinstance(world, int) else list(world)
     message_sizes = sizes(min_bytes, max_bytes)
-    print(f"timing {', '.join(alpha_beta.MEASURED)} at {world} ranks, {len(message_sizes)} sizes "
-          f"{min_bytes / 2**10:.0f} KiB .. {max_bytes / 2**20:.1f} MiB", flush=True)
-    if recipe is not None and recipe.launch.executor == "slurm":
-        measured = run_slurm(recipe.launch, world, message_sizes, folder or cache_dir() / "submitit")
-    else:
-        measured = run_local(world, message_sizes)
+    by_world, measured = {}, None
+    for w in worlds:
+        print(f"timing {', '.join(alpha_beta.MEASURED)} at {w} ranks, {len(message_sizes)} sizes "
+              f"{min_bytes / 2**10:.0f} KiB .. {max_bytes / 2**20:.1f} MiB", flush=True)
+        if recipe is not None and recipe.launch.executor == "slurm":
+            got = run_slurm(recipe.launch, w, message_sizes, folder or cache_dir() / "submitit")
+        else:
+            got = run_local(w, message_sizes)
+        measured = measured or got
+        by_world[str(w)] = {kind: alpha_beta.fit(kind, w, [tuple(p) for p in points])
+                            for kind, points in got["points"].items()}
     print("measuring compute", flush=True)
+    cores = len(os.sched_getaffinity(0))
+    models = {}
+    # Before compute_rates: its matmuls start this process's thread pool, which a forked child
+    # inherits without its threads and can hang on.
+    if recipe is not None:
+        # A local run's ranks all share this node; a Slurm run's share theirs tasks_per_node at a
+        # time (its model rate is measured here, on the submitting host, as one of its nodes).
+        local = sorted({1, *worlds} if recipe.launch.executor != "slurm" else {1, recipe.launch.tasks_per_node})
+        rates = model_rates(recipe, local, cores)
+        if rates:
+            first = rates.get(str(local[-1] if recipe.launch.executor == "slurm" else worlds[0])) or next(iter(rates.values()))
+            models = {timing.model_key(recipe): {**first, "by_ranks_per_node": rates}}
     compute = compute_rates()
-    rate = model_rate(recipe, world, measured["threads"]) if recipe is not None else None
-    compute["models"] = {timing.model_key(recipe): rate} if rate else {}
-    fits = {kind: alpha_beta.fit(kind, world, [tuple(p) for p in points]) for kind, points in measured["points"].items()}
+    compute["models"] = models
     return {"key": key(measured["hosts"], measured["backend"], measured["threads"]), "hosts": measured["hosts"],
-            "backend": measured["backend"], "threads": measured["threads"], "world_size": world,
+            "backend": measured["backend"], "threads": measured["threads"], "world_size": worlds[0],
             "measured_at": time.time(), "load_average_1m": os.getloadavg()[0], "took_s": time.perf_counter() - started,
-            "compute": compute, "collectives": fits, "borrowed": dict(alpha_beta.BORROWED)}
+            "compute": compute, "collectives": by_world[str(worlds[0])], "collectives_by_world": by_world,
+            "borrowed": dict(alpha_beta.BORROWED)}
 
 
 def save(calibration: dict, out: Path | None = None) -> list[Path]:
@@ -333,9 +382,15 @@ def table(calibration: dict) -> str:
     c = calibration["compute"]
     lines.append("compute peak: " + ", ".join(f"{t} thread(s) {r / 1e9:.1f} GFLOP/s"
                                               for t, r in c["peak_flops_per_s_by_threads"].items()))
+    for w, fits in (calibration.get("collectives_by_world") or {}).items():
+        if str(w) != str(calibration.get("world_size")):
+            lines.append(f"at {w} ranks: " + ", ".join(f"{kind} α {f['alpha_s'] * 1e6:.0f} µs β {f['beta_bytes_per_s'] / 1e6:.0f} MB/s"
+                                                         for kind, f in fits.items()))
     for m in c.get("models", {}).values():
-        lines.append(f"model {m['model']} at rank batch {m['rank_batch']}, {m['threads']} thread(s): "
-                     f"{m['flops_per_s'] / 1e9:.2f} GFLOP/s achieved ({m['step_s'] * 1e3:.1f} ms per step)")
+        for r in (m.get("by_ranks_per_node") or {"": m}).values():
+            who = f"{r['ranks_per_node']} rank(s) at once, " if "ranks_per_node" in r else ""
+            lines.append(f"model {r['model']}: {who}rank batch {r['rank_batch']}, {r['threads']} thread(s): "
+                         f"{r['flops_per_s'] / 1e9:.2f} GFLOP/s achieved ({r['step_s'] * 1e3:.1f} ms per step)")
     return "\n".join(lines)
 
 
@@ -347,8 +402,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m suite.calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("recipe", nargs="?", help="a recipe: its launch settings and its model's achieved rate")
     p.add_argument("overrides", nargs="*", help="key.path=value")
-    p.add_argument("--world-size", type=int, default=None, help="ranks to time collectives at (default: the "
-                   "recipe's world size, at least 2; 2 without a recipe)")
+    p.add_argument("--world-size", default=None, help="ranks to time collectives at, or several: 2,4 (default: "
+                   "the recipe's world size, at least 2; 2 without a recipe)")
     p.add_argument("--max-bytes", type=int, default=MAX_BYTES, help="largest message (default 64 MiB)")
     p.add_argument("--out", help="also write the calibration JSON here")
     args = p.parse_intermixed_args(argv)
@@ -359,13 +414,16 @@ def main(argv=None) -> int:
             from suite import recipe as recipes
 
             recipe = recipes.load(args.recipe, args.overrides)[0]
-        world = args.world_size or max(2, recipe.world_size if recipe else 2)
-        if world < 2:
-            raise SuiteError(f"--world-size {world}: collectives need at least 2 ranks; use --world-size 2")
+        try:
+            worlds = [int(w) for w in args.world_size.split(",")] if args.world_size else [max(2, recipe.world_size if recipe else 2)]
+        except ValueError:
+            raise SuiteError(f"--world-size {args.world_size}: give a number of ranks, or several: 2,4") from None
+        if min(worlds) < 2:
+            raise SuiteError(f"--world-size {args.world_size}: collectives need at least 2 ranks; use --world-size 2")
         if args.max_bytes < MIN_BYTES:
             raise SuiteError(f"--max-bytes {args.max_bytes}: below the smallest message ({MIN_BYTES}); "
                              f"use --max-bytes {MIN_BYTES} or more")
-        c = calibrate(world, args.max_bytes, recipe)
+        c = calibrate(worlds, args.max_bytes, recipe)
         paths = save(c, args.out)
         print(table(c))
         print(f"took {c['took_s']:.1f} s; saved {', '.join(map(str, paths))}")
