@@ -6,7 +6,6 @@ Called by ``suite.submit.launch`` inside each submitit task, or through
 """
 from __future__ import annotations
 
-import gc
 import os
 import time
 import traceback
@@ -142,10 +141,6 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task, lr_at)
     loop.resume()
     stop.install_handlers(watcher_pid)
-    # Everything made so far (imported modules, the recipe, the model and its wrappers) lives for
-    # the whole run: keep it out of the cycle collector's full passes, which otherwise scan it
-    # again and again while a strategy that makes many Python objects per step (FSDP2) trains.
-    gc.freeze()
     printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
@@ -161,7 +156,6 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     finally:
         log.close()  # also on failure: the utilisation thread stops, the file closes
         engine.close()
-        gc.unfreeze()  # the next point of a warm pool collects this one's cycles
 
 
 def _memory_start(recipe, ctx) -> int:
