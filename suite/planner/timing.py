@@ -18,8 +18,8 @@ predicted compute is a lower bound.
 comm: the fits timed at the run's world size (``collectives_by_world``) where the calibration
 has them, else those of its first world size.
 
-``OVERLAP`` below is every strategy's overlap rule, in one place. On CPU with a rank on every
-core nothing is hidden whatever the rule (no idle core to run the collectives on).
+``OVERLAP`` below is every strategy's overlap rule, in one place. On a CPU node with exactly one
+rank per core nothing is hidden whatever the rule (``_cores_all_busy``).
 """
 from __future__ import annotations
 
@@ -125,6 +125,24 @@ def comm_time_s(profile: StepProfile, calibration: dict) -> dict[str, float]:
     return out
 
 
+def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> bool:
+    """A CPU node whose every core runs exactly one rank's compute thread, where no overlap rule
+    holds. A collective overlaps compute only where something else runs it: a GPU's copy engines
+    and NCCL's own SMs, an idle core, or, with more ranks than cores, another rank computing while
+    this one waits. With one rank per core, gloo's threads take their time from the ranks'
+    compute: nothing is hidden. Measured: ZeRO-3 at 2 ranks on 2 cores stepped in 209 ms, against
+    128 ms predicted with half its communication hidden and 170 ms with none; DDP at 4 ranks on
+    2 cores stepped in 197 ms, less than its ranks' compute alone (208 ms with all 4 computing)."""
+    device = options.get("device")
+    if device not in ("cpu", "cuda"):  # "auto": what the calibration ran on
+        device = "cuda" if calibration.get("backend") == "nccl" else "cpu"
+    if device != "cpu":
+        return False
+    cores = calibration["compute"]["cores"]
+    ranks = options.get("ranks_per_node") or profile.world_size
+    return ranks * max(1, cores // ranks) == cores
+
+
 def predict_step_time(profile: StepProfile, calibration: dict, options: dict | None = None) -> dict:
     """compute_s, comm_s, exposed_comm_s, step_s, samples_per_s (and the parts) for one step.
 
@@ -139,12 +157,7 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     name, overlap = rule(options)
     window_s = compute_s * (BACKWARD_SHARE if overlap.window == "backward" else 1.0)
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in per_kind.items()), window_s)
-    ranks_here = options.get("ranks_per_node") or profile.world_size
-    if options.get("device", "cpu") == "cpu" and ranks_here >= calibration["compute"]["cores"]:
-        # A collective overlaps compute only where something else runs it: a GPU's copy engines
-        # and NCCL's own SMs, or an idle core. With a rank on every core, gloo's threads take
-        # their time from the ranks' compute: nothing is hidden (measured: ZeRO-3 at 2 ranks on
-        # 2 cores stepped in 209 ms against 128 predicted with half hidden, 170 with none).
+    if _cores_all_busy(options, profile, calibration):
         hidden_s = 0.0
     bubble = 0.0
     if name == "pipeline":
