@@ -27,3 +27,16 @@ for _m in _MODULES:
 
 def build(options, setup):
     return STRATEGIES[options.name].build(options, setup)
+
+
+def import_early(names) -> list[str]:
+    """Import the ``warm_imports`` of the strategies named (unknown names ignored), sorted; a module
+    that fails to import is skipped: the strategy's own build fails the same way and says why. The
+    modules imported."""
+    modules = sorted({m for name in names if name in STRATEGIES for m in STRATEGIES[name].Options.warm_imports})
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+    return modules

@@ -51,12 +51,9 @@ class PoolTask(submitit.helpers.Checkpointable):
         run_record.write_json_atomic(points / "rank0.pid", os.getpid())
         launch.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
-        warm = _warm_imports(self.strategies)
-        for name in warm:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass  # the point's own import fails the same way, and is recorded in its run folder
+        from suite.strategies import import_early
+
+        warm = import_early(self.strategies)  # a failing one: the point's own import fails, in its run folder
         print(f"warm after {time.time() - started:.1f} s (suite.train.rank, {', '.join(warm) or 'nothing else'})",
               flush=True)
         sys.stderr.flush()
@@ -226,9 +223,3 @@ def _options(strategy: str):
     from suite.strategies import STRATEGIES
 
     return STRATEGIES[strategy].Options
-
-
-def _warm_imports(strategies: list[str]) -> list[str]:
-    from suite.strategies import STRATEGIES
-
-    return sorted({m for name in strategies if name in STRATEGIES for m in STRATEGIES[name].Options.warm_imports})

@@ -161,10 +161,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
 def _memory_start(recipe, ctx) -> int:
     """The resident set before the model is built (metrics.peak_memory_above_start_bytes), with the
     strategy's libraries imported first: their code is not the training's memory."""
-    import importlib
-
-    for module in strategies.STRATEGIES[recipe.strategy.name].Options.warm_imports:
-        importlib.import_module(module)
+    strategies.import_early([recipe.strategy.name])
     return metrics.memory_start_bytes(ctx.device)
 
 
