@@ -37,8 +37,8 @@ from suite.planner.profile import StepProfile
 
 def model_step(recipe) -> dict:
     """FLOPs and bytes of one step of the bare model on the meta device (no strategy, no process
-    group, no memory): {"flops", "peak_bytes", "parameter_bytes"} at the plan's accumulation
-    batch. Two steps run: the first creates the optimizer state; the second is measured, and its
+    group, no memory): {"flops", "peak_bytes", "parameter_bytes", "parameter_tensors", "units"}
+    at the plan's accumulation batch (``units``: ``unit_bytes`` of the model). Two steps run: the first creates the optimizer state; the second is measured, and its
     ``peak_bytes`` are the most bytes created during it alive at once (gradients, activations,
     the optimizer's temporaries), not what existed before it.
 
@@ -67,26 +67,27 @@ def model_step(recipe) -> dict:
                 optimizer.zero_grad(set_to_none=True)
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"flops": int(flops.get_total_flops()) * plan.accumulation_steps, "peak_bytes": live.peak,
-            "parameter_bytes": parameters}
+            "parameter_bytes": parameters, "parameter_tensors": sum(1 for _ in model.parameters()),
+            "units": unit_bytes(model)}
 
 
 DDP_BUCKET_MB = 25  # torch DDP's default bucket_cap_mb
 NO_COLLECTIVES = ("hogwild", "single", "tf_single")
 
 
-def units(recipe) -> list[int]:
+def unit_bytes(model) -> list[int]:
     """Parameter bytes of the units a sharding strategy gathers one at a time: each top-level
     block with parameters, then the root's own (what is left)."""
-    model = recipe.model_info().build_meta()
     blocks = [sum(p.numel() * p.element_size() for p in block.parameters()) for block in model.children()]
     blocks = [b for b in blocks if b]
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     return blocks + ([total - sum(blocks)] if total > sum(blocks) else [])
 
 
-def communication(recipe, g: int, p: int) -> dict[str, tuple[int, int]]:
+def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, int]]:
     """{kind: (bytes, calls)} per rank per step by the rules in the module doc; ``g`` and ``p``:
-    this rank's gradient and parameter bytes before sharding (its stage's, under a pipeline)."""
+    this rank's gradient and parameter bytes before sharding (its stage's, under a pipeline);
+    ``step``: ``model_step``'s result (the model's units and parameter tensors)."""
     strategy, plan = recipe.strategy, recipe.plan()
     name, dp = strategy.name, plan.dp_size
     if recipe.world_size == 1 or name in NO_COLLECTIVES or name == "tensor":
@@ -95,14 +96,13 @@ def communication(recipe, g: int, p: int) -> dict[str, tuple[int, int]]:
         bucket = (getattr(strategy, "bucket_cap_mb", None) or DDP_BUCKET_MB) * 2**20
         return {"all_reduce": (g, max(1, -(-g // int(bucket))))} if dp > 1 else {}
     if name == "allreduce":
-        tensors = sum(1 for _ in recipe.model_info().build_meta().parameters())
-        return {"all_reduce": (g, tensors)}
+        return {"all_reduce": (g, step["parameter_tensors"])}
     if name == "zero" and strategy.stage == 0:
         return {"all_reduce": (g, 1)}
     if name == "zero" and strategy.stage in (1, 2):
         return {"reduce_scatter": (g, 1), "all_gather": (p, 1)}
     if (name == "zero" and strategy.stage == 3) or name in ("fsdp", "fsdp1", "fairscale_fsdp"):
-        n = len(units(recipe)) or 1
+        n = len(step["units"]) or 1
         gathers = 1 if getattr(strategy, "reshard_after_forward", True) is False else 2
         return {"all_gather": (gathers * p, gathers * n), "reduce_scatter": (g, n)}
     if name == "oss":
@@ -110,7 +110,7 @@ def communication(recipe, g: int, p: int) -> dict[str, tuple[int, int]]:
     return {"all_reduce": (g, 1)} if dp > 1 else {}
 
 
-def strategy_buffers(recipe, g: int) -> int:
+def strategy_buffers(recipe, g: int, step: dict) -> int:
     """Bytes a strategy allocates beside what the rank holds and the model's activations, at their
     most during a step: DDP's buckets (a copy of every gradient, ``gradient_as_bucket_view`` off);
     a sharding strategy's largest unit gathered whole (its parameters, then its gradients before
@@ -121,7 +121,7 @@ def strategy_buffers(recipe, g: int) -> int:
     if name == "ddp":
         return g
     if name in ("fsdp", "fsdp1", "fairscale_fsdp") or (name == "zero" and recipe.strategy.stage == 3):
-        return 2 * max(units(recipe), default=0)
+        return 2 * max(step["units"], default=0)
     return 0
 
 
@@ -134,18 +134,18 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     step = model_step(recipe)
     stages = plan.degree("pipeline")
     parts = max(1, recipe.world_size // plan.dp_size)  # ranks sharing one replica: pipeline stages x tensor ranks
-    held = {k: int(v) for k, v in predicted_held_bytes(recipe)["per_rank"].items()}
+    estimate = predicted_held_bytes(recipe)
+    held = {k: int(v) for k, v in estimate["per_rank"].items()}
     # The bare model's step peak minus its gradients: activations and temporaries, split over the
     # stages; the strategy's own buffers are not in it (strategy_buffers).
-    whole = predicted_held_bytes(recipe)["total"]
-    activations = max(step["peak_bytes"] - whole["gradients"], 0) // parts
+    activations = max(step["peak_bytes"] - estimate["total"]["gradients"], 0) // parts
     stage_bytes = step["parameter_bytes"] // parts
-    comm = communication(recipe, stage_bytes, stage_bytes)
+    comm = communication(recipe, stage_bytes, stage_bytes, step)
     notes = [f"analytic: {reason}", "peak = held + the bare model's activations + the strategy's buffers"]
     if stages > 1:
         notes.append("send/recv between stages not counted")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
-                       peak_bytes=int(sum(held.values()) + activations + strategy_buffers(recipe, stage_bytes)),
+                       peak_bytes=int(sum(held.values()) + activations + strategy_buffers(recipe, stage_bytes, step)),
                        flops=step["flops"] // parts, samples=recipe.training.batch_size,
                        comm_bytes={k: b for k, (b, _) in comm.items()}, comm_calls={k: c for k, (_, c) in comm.items()},
                        source="analytic", notes="; ".join(notes))

@@ -20,13 +20,6 @@ from __future__ import annotations
 PREDICTED_FILE = "predicted.json"
 
 
-def analytic_profile(recipe):
-    """The run's StepProfile at its own world size (``suite.planner.analytic``)."""
-    from suite.planner import analytic
-
-    return analytic.profile(recipe, recipe.world_size, "the run's own prediction (no fake run of the strategy)")
-
-
 def prediction(recipe, calibration: dict | None = None) -> dict:
     """held_bytes (per rank), peak_bytes, step_time_s, samples_per_s and their sources, or an error."""
     try:
@@ -36,9 +29,10 @@ def prediction(recipe, calibration: dict | None = None) -> dict:
 
 
 def _prediction(recipe, calibration):
-    from suite.planner import calibrate, timing
+    from suite.planner import analytic, calibrate, timing
 
-    profile = analytic_profile(recipe)  # not the fake run: see the module's docstring
+    # Not the fake run: see the module's docstring.
+    profile = analytic.profile(recipe, recipe.world_size, "the run's own prediction (no fake run of the strategy)")
     out = {"source": profile.source, "held_bytes": profile.held_bytes,
            "peak_bytes": profile.peak_bytes or None, "notes": [profile.notes] if profile.notes else []}
     backend = "nccl" if recipe.launch.device == "cuda" else None
