@@ -46,6 +46,7 @@ Per run (suite.record.flops):
 from __future__ import annotations
 
 import math
+import os
 import resource
 import statistics
 import time
@@ -80,8 +81,6 @@ def memory_start_bytes(device: torch.device) -> int:
     /proc/self/statm), 0 on GPU."""
     if device.type == "cuda":
         return 0
-    import os
-
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
