@@ -1,0 +1,104 @@
+"""The compute side of a calibration (``python -m suite.calibrate``, ``suite.planner.calibrate``):
+the matmul peak at each thread count a rank may get, and the rate a recipe's model achieves in
+a training step with 1..N ranks stepping at once on this node."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+
+def compute_rates(precision: str = "fp32") -> dict:
+    """The measured matmul peak per thread count 1 .. cores (``suite.record.peak``, cached)."""
+    import torch
+
+    from suite.record import peak
+
+    before, by_threads = torch.get_num_threads(), {}
+    try:
+        for threads in range(1, len(os.sched_getaffinity(0)) + 1):
+            torch.set_num_threads(threads)
+            by_threads[str(threads)] = peak.cpu_peak(precision)["peak_flops_per_s"]
+    finally:
+        torch.set_num_threads(before)
+    return {"precision": precision, "cores": len(os.sched_getaffinity(0)), "peak_flops_per_s_by_threads": by_threads}
+
+
+def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int | None = None,
+               ready=None) -> dict | None:
+    """The FLOP rate the recipe's model achieves in a training step (forward, backward, optimizer)
+    at the rank batch of a data-parallel run at ``world`` ranks, on ``threads`` threads, in this
+    process. ``step_flops``: the global step's FLOPs, if counted already; ``ready()``: called once
+    the model is built, just before the timed steps."""
+    import torch
+
+    from suite.models import build as build_model
+    from suite.record import flops
+
+    spec = recipe.data.spec()
+    batch = max(1, recipe.training.batch_size // world)
+    step_flops = step_flops if step_flops is not None else flops.train_step_flops(recipe)
+    if not step_flops:
+        if ready:
+            ready()
+        return None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(recipe.model, spec)
+            dtype = getattr(torch, spec.input_dtype)
+            inputs = (torch.randint(0, 2, (batch, *spec.input_shape)) if dtype == torch.int64
+                      else torch.randn(batch, *spec.input_shape))
+            optimizer = torch.optim.Adam(model.parameters())
+            if ready:
+                ready()
+            times = []
+            for _ in range(steps + 1):
+                t0 = time.perf_counter()
+                optimizer.zero_grad()
+                model(inputs).float().sum().backward()
+                optimizer.step()
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    step_s = statistics.median(times[1:])
+    rank_flops = step_flops * batch / recipe.training.batch_size
+    return {"model": recipe.model.name, "recipe": recipe.name, "rank_batch": batch, "threads": threads,
+            "step_s": step_s, "flops_per_s": rank_flops / step_s}
+
+
+def _rate_child(recipe, ranks: int, threads: int, step_flops: int, barrier, queue) -> None:
+    queue.put(model_rate(recipe, ranks, threads, step_flops=step_flops, ready=barrier.wait))
+
+
+def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
+    """{ranks: rate}: for each count of ranks sharing this node, the rate one rank's model step
+    achieves at its rank batch while that many ranks step at once (forked processes, each with
+    ``cores // ranks`` threads, at least one), so that the threads' scaling, the batch size and
+    the ranks' contention for the cores are measured rather than assumed. The slowest rank's.
+    The FLOPs are counted once, here (on the meta device: no thread pool is started before the
+    forks), and the ranks start their timed steps together, none while another still builds."""
+    import multiprocessing
+
+    from suite.record import flops
+
+    step_flops = flops.train_step_flops(recipe)
+    if not step_flops:
+        return {}
+    out = {}
+    context = multiprocessing.get_context("fork")
+    for ranks in ranks_per_node:
+        threads = max(1, cores // ranks)
+        queue, barrier = context.SimpleQueue(), context.Barrier(ranks)
+        procs = [context.Process(target=_rate_child, args=(recipe, ranks, threads, step_flops, barrier, queue))
+                 for _ in range(ranks)]
+        for proc in procs:
+            proc.start()
+        rates = [queue.get() for _ in procs]
+        for proc in procs:
+            proc.join()
+        rates = [r for r in rates if r]
+        if rates:
+            out[str(ranks)] = {**min(rates, key=lambda r: r["flops_per_s"]), "ranks_per_node": ranks}
+    return out
