@@ -50,8 +50,9 @@ RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "
 
 PREDICTED_NOTE = ("The plan's prediction each run recorded (summary.json `predicted`) against what the run "
                   "measured; error = predicted / measured - 1. Held bytes and peak memory: the rank with most "
-                  "(peak memory on CPU is the rank's peak resident set above the one it had before building the model, "
-                  "`peak_memory_above_start_bytes`: interpreter, libraries and data set left out). "
+                  "(peak memory is the most bytes the rank had allocated at once from the model build on, "
+                  "`peak_allocated_bytes`: on CPU what malloc handed out, not the resident set, which keeps freed "
+                  "blocks and leaves untouched ones out). "
                   "Profile: fake (the fake run of the strategy) or analytic (its rule: suite/planner/analytic.py).")
 
 

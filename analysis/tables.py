@@ -244,10 +244,10 @@ def prediction_rows(runs) -> list[dict]:
         if not p:
             continue
         ranks = s.get("ranks") or []
-        # The peak the plan predicts: on CPU the training's own (above the rank's start), not the
-        # whole resident set (suite.record.metrics); older runs have only the whole one.
-        peak_key = ("peak_memory_above_start_bytes" if any(x.get("peak_memory_above_start_bytes") is not None for x in ranks)
-                    else "peak_memory_bytes")
+        # The peak the plan predicts: the bytes allocated from the model build on
+        # (suite.record.allocated); older runs have only the resident set above start, or the whole one.
+        peak_key = next((k for k in ("peak_allocated_bytes", "peak_memory_above_start_bytes")
+                         if any(x.get(k) is not None for x in ranks)), "peak_memory_bytes")
         measured = {"held": max((held_total(x.get("held_bytes")) or 0 for x in ranks), default=None),
                     "peak": max((x.get(peak_key) or 0 for x in ranks), default=None),
                     "step": s.get("step_time_s"), "rate": s.get("samples_per_s")}

@@ -219,6 +219,7 @@ def test_a_run_records_its_prediction_and_the_report_sets_it_beside_the_measurem
     held = sum(predicted["held_bytes"].values())
     assert predicted["peak_bytes"] > held  # activations and the optimizer's temporaries on top
     assert 0 < summary["ranks"][0]["peak_memory_above_start_bytes"] < summary["ranks"][0]["peak_memory_bytes"]
+    assert held < summary["ranks"][0]["peak_allocated_bytes"] < summary["ranks"][0]["peak_memory_bytes"]
     assert report.main([str(run_dir), "--out", str(tmp_path / "report"), "--no-wandb"]) == 0
     md = (tmp_path / "report" / "tables.md").read_text()
     assert "## Predicted vs measured" in md and "step time (s) error" in md and "held bytes predicted" in md

@@ -7,11 +7,18 @@
 - eval_time_s: wall time of one full pass over the validation set.
 - peak_memory_bytes: on GPU, the CUDA allocator's peak allocated bytes; on CPU, the process's
   peak resident set size (which includes the Python runtime and libraries).
-- peak_memory_above_start_bytes: the memory the training itself took. On CPU, peak_memory_bytes
-  minus the resident set when the rank began building its model (Python, torch, the strategy's
-  libraries and the data set already loaded): parameters, gradients, optimizer state,
-  activations, communication buffers, and what the allocators keep around them. On GPU, equal
-  to peak_memory_bytes (the CUDA allocator counts tensors only). The planner predicts this one.
+- peak_memory_above_start_bytes: the resident memory the training itself took. On CPU,
+  peak_memory_bytes minus the resident set when the rank began building its model (Python,
+  torch, the strategy's libraries and the data set already loaded): parameters, gradients,
+  optimizer state, activations, communication buffers, and what the allocators keep around
+  them. On GPU, equal to peak_memory_bytes (the CUDA allocator counts tensors only).
+- peak_allocated_bytes: the most bytes the rank had allocated at once from the model build on,
+  what the planner predicts (suite.record.allocated). On GPU, torch.cuda.max_memory_allocated
+  (tensors). On CPU, glibc malloc's bytes handed out and not yet freed, above its count at the
+  build, read after each tensor operation through the first training steps: tensors, and the
+  buffers BLAS and gloo allocate for themselves (tens of MiB here). Unlike the resident set it
+  leaves out freed blocks the allocator keeps and counts allocated pages never touched
+  (DeepSpeed's 1.9 GiB gradient bucket: resident only as far as the gradients fill it).
 - bubble_fraction: share of a pipeline stage's schedule wall time spent not computing (waiting for
   neighbours): 1 - busy_s / wall_s, per rank; compare with (stages-1)/(micro_batches+stages-1).
 - val_perplexity (language models): exp of the mean loss per scored token over the whole validation

@@ -43,6 +43,7 @@ class RankSummary(BaseModel):
     rank: int
     peak_memory_bytes: int
     peak_memory_above_start_bytes: Optional[int] = None  # None: a TensorFlow run (its own loop)
+    peak_allocated_bytes: Optional[int] = None  # None: its own loop, a compiled run, no glibc
     held_bytes: dict[str, int]
     step_time_s: Optional[float] = None
     device: str = "cpu"
@@ -373,8 +374,11 @@ def summary_text(s: dict, run_dir: Path) -> str:
     if s.get("mfu") is not None:
         lines.append(f"  MFU {100 * s['mfu']:.2f} % of {s['devices']} x {s['peak_flops_per_s'] / 1e9:.4g} GFLOP/s "
                      f"({PEAK_LABELS.get(s.get('peak_flops_source'), 'peak')} per device)")
-    mem = " + ".join(f"{r['peak_memory_bytes'] / 2**30:.2f}" for r in s["ranks"])
-    lines.append(f"  peak memory per rank: {mem} GiB")
+    mem = " + ".join(f"{r['peak_memory_bytes'] / 2**30:.2f}" for r in s["ranks"]) + " GiB resident"
+    allocated = [r.get("peak_allocated_bytes") for r in s["ranks"]]
+    if all(a is not None for a in allocated):  # the part training allocated, beside the whole process
+        mem += "; training allocated " + " + ".join(f"{a / 2**20:.1f}" for a in allocated) + " MiB"
+    lines.append(f"  peak memory per rank: {mem}")
     if s.get("wandb_notice"):
         lines.append(f"  {s['wandb_notice']}")
     lines.append(f"run record: {run_dir}")

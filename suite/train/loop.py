@@ -10,12 +10,17 @@ import torch
 import torch.distributed as dist
 
 from suite.record import metrics, run_record
+from suite.record.allocated import STEPS as allocated_steps
 from suite.train import checkpoint, stop
 
 
 class StepLoop:
-    def __init__(self, ctx, engine, log, training, total_steps, run_dir, task, lr_at=None):
+    def __init__(self, ctx, engine, log, training, total_steps, run_dir, task, lr_at=None, allocated=None):
         self.ctx, self.engine, self.log, self.tr = ctx, engine, log, training
+        # suite.record.allocated: counts the bytes allocated from the model build through the
+        # first steps of this attempt, then stops (nothing sampled for the rest of the run)
+        self.allocated = allocated
+        self._allocated_until = None
         self.total_steps, self.run_dir, self.task = total_steps, run_dir, task
         # step -> lr (suite.lr_schedule): a function of the step alone, so a resumed run goes on
         # with the same lrs without any schedule state in the checkpoint; None leaves the lr alone.
@@ -45,6 +50,7 @@ class StepLoop:
         if restored:
             for key in self._STATE:
                 setattr(self, key, restored[key])
+        self._allocated_until = self.step + allocated_steps
         self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": time.time(),
                               "from_step": self.step,
                               "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0))})
@@ -89,6 +95,8 @@ class StepLoop:
             self._pending.append((self.step, epoch, result, watch.elapsed_s))
             self.step += 1
             self._batch = i + 1
+            if self.step == self._allocated_until and self.allocated:
+                self.allocated.stop()
             _maybe_fail(self.ctx.rank, self.step)
             if len(self._pending) >= self.tr.log_every_steps or self._checkpoint_due():
                 p.elapsed_s = time.perf_counter() - epoch_t0

@@ -20,6 +20,7 @@ from suite.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
 from suite.record import metrics, run_record, wandb_export
+from suite.record.allocated import AllocatedPeak
 from suite.record.tracking import RankLog
 from suite.strategies.engine import Setup
 from suite.train import checkpoint, dist as sdist, stop
@@ -115,6 +116,16 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         return _train_own_loop(recipe, ctx, run_dir, train_set, val_set)
     setup = make_setup(recipe, ctx, run_dir)
     memory_start = _memory_start(recipe, ctx)
+    allocated = AllocatedPeak(ctx.device, compiled=bool(tr.compile))
+    allocated.start()
+    try:
+        _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated)
+    finally:
+        allocated.stop()  # also on failure: the profiler's window never outlives training
+
+
+def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated) -> None:
+    tr = recipe.training
     engine = strategies.build(recipe.strategy, setup)
     if ctx.is_main:  # a resumed run redoes what came after its checkpoint: drop those records
         saved = checkpoint.latest(run_dir)
@@ -138,13 +149,13 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         total_steps = min(total_steps, tr.max_steps)
 
     lr_at = recipe.optimizer.schedule.rate(recipe.optimizer.lr, len(loader), total_steps)
-    loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task, lr_at)
+    loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task, lr_at, allocated)
     loop.resume()
     stop.install_handlers(watcher_pid)
     printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
-        _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start)
+        _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start, allocated.stop())
     except stop.Stopped as stopped:
         if ctx.is_main:
             run_record.update_summary(run_dir, status=stopped.status, steps=loop.step, attempts=loop.attempts)
@@ -190,10 +201,12 @@ def _train_own_loop(recipe, ctx, run_dir: Path, train_set, val_set) -> None:
         log.close()
 
 
-def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start: int | None = None) -> None:
+def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start: int | None = None,
+                   peak_allocated: int | None = None) -> None:
     peak = metrics.peak_memory_bytes(ctx.device)
     mine = {"rank": ctx.rank, "peak_memory_bytes": peak,
             "peak_memory_above_start_bytes": None if memory_start is None else max(peak - memory_start, 0),
+            "peak_allocated_bytes": peak_allocated,
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics()}
     mine.update(loop.log.rank_fields(ctx, loop))  # utilisation, throughput, device
