@@ -106,19 +106,29 @@ def test_the_analytic_rule_each_run_records_sends_what_the_real_strategy_code_se
     assert rule.flops == fake.flops
     # The estimate leaves out Adam's step counters (4 bytes per parameter tensor).
     assert rule.held_bytes == pytest.approx(fake.held_bytes, rel=1e-3)
-    assert abs(rule.peak_bytes / fake.peak_bytes - 1) <= 0.1, (rule.peak_bytes, fake.peak_bytes)
+    # Both peaks are held to a real run's measured one instead (below): the fake run sees neither
+    # FSDP's storages resized back up nor the allocator's own small blocks.
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_predicted_held_bytes_equal_a_real_runs_at_world_2(strategy, tmp_path):
-    recipe = make_recipe({"name": strategy}, world_size=2, training={**BASE["training"], "max_steps": 2})
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp", "allreduce"])
+def test_predicted_held_bytes_equal_a_real_runs_at_world_2_and_the_peak_is_within_20_percent(strategy, tmp_path):
+    # Wide enough (38 MiB of parameters) that the tensors make the peak, not the tens of MiB
+    # that BLAS and gloo allocate for themselves on a CPU
+    recipe = make_recipe({"name": strategy}, world_size=2, training={**BASE["training"], "max_steps": 2},
+                         model={"name": "mlp", "hidden": [3072, 3072]})
     step_losses(recipe, tmp_path)
-    measured = read_json(tmp_path / "summary.json")["ranks"][0]["held_bytes"]
+    summary = read_json(tmp_path / "summary.json")
+    measured = summary["ranks"][0]["held_bytes"]
     status, predicted = fake_run.run_isolated(recipe, 2)
     assert status == "ok", predicted
     assert predicted.source == "fake"
     assert predicted.held_bytes == measured
     assert predicted.held_bytes == {k: int(v) for k, v in predicted_held_bytes(recipe)["per_rank"].items()}
+    # The peak the run measured (the bytes malloc handed out, suite.record.allocated), held to the
+    # plan's fake run and to the analytic rule the run recorded for itself.
+    peak = max(r["peak_allocated_bytes"] for r in summary["ranks"])
+    for what, bytes_ in (("fake run", predicted.peak_bytes), ("recorded", summary["predicted"]["peak_bytes"])):
+        assert abs(bytes_ / peak - 1) <= 0.2, (what, bytes_, peak)
 
 
 def test_the_cli_writes_the_plan_and_says_why_strategies_are_left_out(tmp_path, capsys):

@@ -26,9 +26,13 @@ time, every top-level block with parameters plus the root):
 - ``hogwild``: none (the ranks share one copy of the parameters in memory).
 - anything else: the data-parallel rule, all_reduce G when there is more than one data rank.
 
-Peak bytes: what the rank holds (parameters, gradients, optimizer state: the estimate) plus the
-bare model's activations and temporaries at the rank's batch, plus the strategy's own buffers
-(``strategy_buffers``: DDP's gradient buckets, the unit a sharding strategy gathers).
+Peak bytes: what the rank holds (parameters, gradients, optimizer state: the estimate), plus
+the strategy's buffers that live through the step (``persistent_buffers``: DDP's gradient
+buckets, DeepSpeed ZeRO's gradient bucket), plus the larger of the two transient phases of the
+bare model's step at the rank's batch: forward and backward (its activations, and the units a
+sharding strategy gathers: ``gathered_bytes``) or the optimizer's update (its temporaries, which
+shrink with the shard the optimizer steps: ``optimizer_temporaries``). Measured against the
+tensors' own peak (``peak_allocated_bytes``); what the allocator keeps beyond it is not predicted.
 """
 from __future__ import annotations
 
@@ -37,10 +41,13 @@ from suite.planner.profile import StepProfile
 
 def model_step(recipe) -> dict:
     """FLOPs and bytes of one step of the bare model on the meta device (no strategy, no process
-    group, no memory): {"flops", "peak_bytes", "parameter_bytes", "parameter_tensors", "units"}
-    at the plan's accumulation batch (``units``: ``unit_bytes`` of the model). Two steps run: the first creates the optimizer state; the second is measured, and its
-    ``peak_bytes`` are the most bytes created during it alive at once (gradients, activations,
-    the optimizer's temporaries), not what existed before it.
+    group, no memory) at the plan's accumulation batch: {"flops", "activation_bytes",
+    "optimizer_bytes", "parameter_bytes", "largest_tensor_bytes", "parameter_tensors", "units"}
+    (``units``: ``unit_bytes`` of the model). Two steps run: the first creates the optimizer
+    state; the second is measured. ``activation_bytes``: the most bytes its forward and backward
+    had alive at once beyond the gradients; ``optimizer_bytes``: the most the optimizer's update
+    created beyond what existed (its temporaries, the largest tensor's at a time: torch's
+    optimizers step the tensors of a CPU model one by one).
 
     The meta device rather than FakeTensorMode: a backward under FakeTensorMode starts autograd's
     device threads, after which a process can no longer fork ranks that train (a run's rank 0,
@@ -59,16 +66,18 @@ def model_step(recipe) -> dict:
             inputs, targets = fake_batch(recipe, plan.accumulation_batch)
         optimizer = setup.make_optimizer(model.parameters())  # its step counters stay on the CPU: Adam reads them
         for _ in range(2):
-            flops, live = FlopCounterMode(display=False), _LiveBytes()
-            with flops, live:
+            flops, passes, update = FlopCounterMode(display=False), _LiveBytes(), _LiveBytes()
+            with flops, passes:
                 loss = setup.task.loss(model(inputs), inputs, targets)
                 loss.backward()
+            with update:
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"flops": int(flops.get_total_flops()) * plan.accumulation_steps, "peak_bytes": live.peak,
-            "parameter_bytes": parameters, "parameter_tensors": sum(1 for _ in model.parameters()),
-            "units": unit_bytes(model)}
+            optimizer.zero_grad(set_to_none=True)
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    return {"flops": int(flops.get_total_flops()) * plan.accumulation_steps,
+            "activation_bytes": max(passes.peak - sum(sizes), 0), "optimizer_bytes": update.peak,
+            "parameter_bytes": sum(sizes), "largest_tensor_bytes": max(sizes, default=0),
+            "parameter_tensors": len(sizes), "units": unit_bytes(model)}
 
 
 DDP_BUCKET_MB = 25  # torch DDP's default bucket_cap_mb
@@ -110,19 +119,64 @@ def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, in
     return {"all_reduce": (g, 1)} if dp > 1 else {}
 
 
-def strategy_buffers(recipe, g: int, step: dict) -> int:
-    """Bytes a strategy allocates beside what the rank holds and the model's activations, at their
-    most during a step: DDP's buckets (a copy of every gradient, ``gradient_as_bucket_view`` off);
-    a sharding strategy's largest unit gathered whole (its parameters, then its gradients before
-    the reduce-scatter)."""
+SHARDED_UNITS = ("fsdp", "fsdp1", "fairscale_fsdp")
+
+
+def persistent_buffers(recipe, g: int) -> int:
+    """Bytes a strategy keeps beside what the rank holds through the whole step: DDP's buckets (a
+    copy of every gradient, ``gradient_as_bucket_view`` off); DeepSpeed ZeRO's gradient bucket of
+    ``reduce_bucket_size`` elements (5e8 by default: 1.9 GiB in fp32, whatever the model's size),
+    allocated whole with ``contiguous_gradients`` (on by default), twice at stages 1-2 with
+    ``overlap_comm``. On a CPU only the pages the gradients fill become resident; on a GPU all of
+    it is device memory."""
     name = recipe.strategy.name
-    if recipe.world_size == 1:
-        return 0
     if name == "ddp":
-        return g
-    if name in ("fsdp", "fsdp1", "fairscale_fsdp") or (name == "zero" and recipe.strategy.stage == 3):
-        return 2 * max(step["units"], default=0)
+        return g if recipe.world_size > 1 else 0
+    if name == "zero" and recipe.strategy.stage >= 1:
+        zero = _deepspeed_zero_config(recipe)
+        if not zero.contiguous_gradients:
+            return 0
+        stage = recipe.strategy.stage
+        element = 4 if stage == 1 or recipe.training.precision == "fp32" else 2  # stage 1 reduces in fp32
+        buffers = 2 if zero.overlap_comm and stage < 3 else 1
+        return int(zero.reduce_bucket_size) * element * buffers
     return 0
+
+
+def _deepspeed_zero_config(recipe):
+    """DeepSpeed's own reading of the run's zero_optimization section, its defaults filled in."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from suite.strategies.zero import _config
+
+    return DeepSpeedZeroConfig(**_config(recipe.strategy, recipe.plan())["zero_optimization"])
+
+
+def gathered_bytes(recipe, step: dict) -> int:
+    """Bytes a sharding strategy has gathered at its most during the backward, beside what the
+    rank holds: the largest unit's parameters and full gradients, and the next unit's parameters
+    (prefetched). FSDP frees a unit's parameters before it copies the gradients into its
+    reduce-scatter's input, ZeRO-3 copies them into its bucket (``persistent_buffers``): neither
+    holds a third copy."""
+    name = recipe.strategy.name
+    if recipe.world_size == 1 or not (name in SHARDED_UNITS or (name == "zero" and recipe.strategy.stage == 3)):
+        return 0
+    largest, following = (sorted(step["units"], reverse=True) + [0, 0])[:2]
+    return 2 * largest + following
+
+
+def optimizer_temporaries(recipe, step: dict, parts: int) -> int:
+    """The optimizer's temporaries, scaled to the tensors it steps: the bare model's as they are;
+    a shard of each parameter (FSDP) 1/dp of them; DeepSpeed's one flat partition (ZeRO stages
+    1-3) as many per byte as the bare model's largest tensor took, for a tensor of 1/dp of the model."""
+    name, dp = recipe.strategy.name, recipe.plan().dp_size
+    temporaries = step["optimizer_bytes"] // parts
+    if name in SHARDED_UNITS:
+        return temporaries // dp
+    if name == "zero" and recipe.strategy.stage >= 1 and step["largest_tensor_bytes"]:
+        per_byte = step["optimizer_bytes"] / step["largest_tensor_bytes"]
+        return int(per_byte * step["parameter_bytes"] / parts / dp)
+    return temporaries
 
 
 def profile(recipe, world_size: int, reason: str) -> StepProfile:
@@ -136,16 +190,16 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     parts = max(1, recipe.world_size // plan.dp_size)  # ranks sharing one replica: pipeline stages x tensor ranks
     estimate = predicted_held_bytes(recipe)
     held = {k: int(v) for k, v in estimate["per_rank"].items()}
-    # The bare model's step peak minus its gradients: activations and temporaries, split over the
-    # stages; the strategy's own buffers are not in it (strategy_buffers).
-    activations = max(step["peak_bytes"] - estimate["total"]["gradients"], 0) // parts
+    activations = step["activation_bytes"] // parts  # split over the stages or tensor ranks
     stage_bytes = step["parameter_bytes"] // parts
+    transient = max(activations + gathered_bytes(recipe, step), optimizer_temporaries(recipe, step, parts))
     comm = communication(recipe, stage_bytes, stage_bytes, step)
-    notes = [f"analytic: {reason}", "peak = held + the bare model's activations + the strategy's buffers"]
+    notes = [f"analytic: {reason}", "peak = held + the strategy's buffers + the larger of the passes "
+             "(activations, gathered units) and the optimizer's update (its temporaries)"]
     if stages > 1:
         notes.append("send/recv between stages not counted")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
-                       peak_bytes=int(sum(held.values()) + activations + strategy_buffers(recipe, stage_bytes, step)),
+                       peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
                        flops=step["flops"] // parts, samples=recipe.training.batch_size,
                        comm_bytes={k: b for k, (b, _) in comm.items()}, comm_calls={k: c for k, (_, c) in comm.items()},
                        source="analytic", notes="; ".join(notes))

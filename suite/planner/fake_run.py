@@ -8,9 +8,10 @@ memory), and trains two steps on a fake batch of the plan's rank batch. The firs
 optimizer state; the second is measured:
 
 - held bytes: ``Engine.held_bytes()`` after it, the very call a real run records in summary.json;
-- peak bytes: parameters, buffers and optimizer state at its start plus the most bytes of
-  tensors created during it alive at once (``_LiveBytes``: storages counted once, freed when
-  their last tensor goes);
+- peak bytes: what the build and the first step left alive (parameters, buffers, optimizer
+  state, the strategy's own buffers such as DDP's buckets) plus the most bytes of tensors
+  created during the second step alive at once (``_LiveBytes``: storages counted once, freed
+  when their last tensor goes), as a real run's ``peak_allocated_bytes`` counts them;
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions, this rank's
   local shards under DTensor);
 - collectives: every ``c10d`` and ``_c10d_functional`` op seen by a dispatch mode
@@ -103,7 +104,9 @@ class _Collectives(TorchDispatchMode):
 
 class _LiveBytes(TorchDispatchMode):
     """The most bytes of storages created under this mode alive at once; a storage counts once
-    (views share it) and leaves when it is freed."""
+    (views share it) and leaves when it is freed. An op's output on one of its inputs' storages
+    (an in-place update, a view, ``out=``) creates nothing: the optimizer's in-place step on the
+    parameters and its state counted them as new, 66 MiB too many for an MLP of 22 MiB."""
 
     def __init__(self):
         super().__init__()
@@ -112,25 +115,36 @@ class _LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {_storage_key(t) for t in _tensors((args, tuple((kwargs or {}).values())))}
         for t in _tensors(out):
-            try:
-                storage = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue  # a tensor subclass without one storage (its parts are counted)
-            key = storage._cdata
-            if key in self._seen and self._seen[key]() is not None:
-                continue
+            key = _storage_key(t)
+            if key is None or key in inputs or (key in self._seen and self._seen[key]() is not None):
+                continue  # no storage of its own (a subclass: its parts are counted), or not new
+            storage = t.untyped_storage()
             size = storage.nbytes()
             self._seen[key] = weakref.ref(storage, self._freed(key, size))
             self.live += size
             self.peak = max(self.peak, self.live)
         return out
 
+    def alive_now(self) -> int:
+        """Bytes of the storages created under this mode that are still alive, at their size now:
+        FSDP frees a gathered parameter by resizing its storage to 0, which no op shows."""
+        storages = (ref() for ref in list(self._seen.values()))
+        return sum(s.nbytes() for s in storages if s is not None)
+
     def _freed(self, key, size):
         def callback(_):
             self.live -= size
             self._seen.pop(key, None)
         return callback
+
+
+def _storage_key(t):
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _ddp_hook(world_size: int):
@@ -184,11 +198,6 @@ def at_world(recipe, world_size: int):
     return recipes.validate(raw)
 
 
-def _start_bytes(engine, held: dict) -> int:
-    buffers = sum(b.numel() * b.element_size() for b in getattr(engine, "module", torch.nn.Module()).buffers())
-    return held["parameters"] + held["optimizer_state"] + buffers
-
-
 def profile_step(recipe, world_size: int) -> StepProfile:
     """Rank 0's cost of one optimizer step of ``recipe`` at ``world_size`` (see the module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -209,11 +218,12 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        built = stack.enter_context(_LiveBytes())  # what the build and the first step leave alive
         engine = strategies.build(recipe.strategy, setup)
         ddp = _register_ddp_hooks(engine, world_size)
         inputs, targets = fake_batch(recipe, plan.rank_batch)
         engine.train_step(inputs, targets)  # creates the optimizer state
-        start = _start_bytes(engine, engine.held_bytes())
+        start = built.alive_now()
         comm, live, flops = _Collectives(), _LiveBytes(), FlopCounterMode(display=False)
         with flops, live, comm:
             engine.train_step(inputs, targets)

@@ -98,8 +98,8 @@ def _predicted_text(recipe) -> str:
     p = prediction(recipe)
     if "error" in p:
         return f"  predicted step time: not predicted ({p['error']})"
-    peak = (f"  predicted peak memory per rank {p['peak_bytes'] / 2**20:.1f} MiB (held bytes, activations, the "
-            f"strategy's buffers)\n") if p.get("peak_bytes") else ""
+    peak = (f"  predicted peak memory per rank {p['peak_bytes'] / 2**20:.1f} MiB allocated (held bytes, the "
+            f"strategy's buffers, activations or the optimizer's temporaries)\n") if p.get("peak_bytes") else ""
     if p.get("step_time_s") is None:
         return f"{peak}  predicted step time: not predicted ({'; '.join(p['notes'])})"
     return (f"{peak}  predicted step time {p['step_time_s'] * 1e3:.1f} ms ({p['samples_per_s']:.0f} samples/s; "
