@@ -29,10 +29,12 @@ time, every top-level block with parameters plus the root):
 Peak bytes: what the rank holds (parameters, gradients, optimizer state: the estimate), plus
 the strategy's buffers that live through the step (``persistent_buffers``: DDP's gradient
 buckets, DeepSpeed ZeRO's gradient bucket), plus the larger of the two transient phases of the
-bare model's step at the rank's batch: forward and backward (its activations, and the units a
-sharding strategy gathers: ``gathered_bytes``) or the optimizer's update (its temporaries, which
-shrink with the shard the optimizer steps: ``optimizer_temporaries``). Measured against the
-tensors' own peak (``peak_allocated_bytes``); what the allocator keeps beyond it is not predicted.
+bare model's step at the rank's batch: forward and backward (its activations, the units a
+sharding strategy gathers, ZeRO's copies of the gradients: ``backward_buffers``) or the
+optimizer's update (its temporaries, which shrink with the shard the optimizer steps:
+``optimizer_temporaries``). Measured against the bytes the rank allocated
+(``peak_allocated_bytes``); the freed blocks an allocator keeps resident are not predicted, nor
+the buffers BLAS and gloo allocate for themselves beyond ZeRO's scratch (tens of MiB on a CPU).
 """
 from __future__ import annotations
 
@@ -152,17 +154,37 @@ def _deepspeed_zero_config(recipe):
     return DeepSpeedZeroConfig(**_config(recipe.strategy, recipe.plan())["zero_optimization"])
 
 
-def gathered_bytes(recipe, step: dict) -> int:
-    """Bytes a sharding strategy has gathered at its most during the backward, beside what the
-    rank holds: the largest unit's parameters and full gradients, and the next unit's parameters
-    (prefetched). FSDP frees a unit's parameters before it copies the gradients into its
-    reduce-scatter's input, ZeRO-3 copies them into its bucket (``persistent_buffers``): neither
-    holds a third copy."""
-    name = recipe.strategy.name
-    if recipe.world_size == 1 or not (name in SHARDED_UNITS or (name == "zero" and recipe.strategy.stage == 3)):
+def backward_buffers(recipe, step: dict, g: int) -> int:
+    """Bytes a strategy allocates during the passes beside what the rank holds and the model's
+    activations, at their most:
+
+    - FSDP and ZeRO-3: the largest unit's parameters and full gradients, and the next unit's
+      parameters (prefetched). FSDP frees a unit's parameters before it copies the gradients
+      into its reduce-scatter's input, so it holds no third copy.
+    - DeepSpeed ZeRO (stages 1-3) reduces the gradients as one flat copy of its bucket (at most
+      ``reduce_bucket_size``; a gradient larger than the bucket goes alone, uncopied), and gloo
+      allocates a scratch of the message's size for the collective (on a CPU; NCCL works in
+      buffers of its own): two copies of the message. ZeRO-3 reduces while units are still
+      gathered."""
+    name, world = recipe.strategy.name, recipe.world_size
+    if world == 1:
         return 0
     largest, following = (sorted(step["units"], reverse=True) + [0, 0])[:2]
-    return 2 * largest + following
+    units = 2 * largest + following
+    if name in SHARDED_UNITS:
+        return units
+    if name == "zero" and recipe.strategy.stage >= 1:
+        message = max(min(g, int(_deepspeed_zero_config(recipe).reduce_bucket_size) * 4), step["largest_tensor_bytes"])
+        reduction = message * (2 if _on_cpu(recipe) else 1)
+        return reduction + (units if recipe.strategy.stage == 3 else 0)
+    return 0
+
+
+def _on_cpu(recipe) -> bool:
+    import torch
+
+    device = recipe.launch.device
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
 
 
 def optimizer_temporaries(recipe, step: dict, parts: int) -> int:
@@ -192,7 +214,7 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     held = {k: int(v) for k, v in estimate["per_rank"].items()}
     activations = step["activation_bytes"] // parts  # split over the stages or tensor ranks
     stage_bytes = step["parameter_bytes"] // parts
-    transient = max(activations + gathered_bytes(recipe, step), optimizer_temporaries(recipe, step, parts))
+    transient = max(activations + backward_buffers(recipe, step, stage_bytes), optimizer_temporaries(recipe, step, parts))
     comm = communication(recipe, stage_bytes, stage_bytes, step)
     notes = [f"analytic: {reason}", "peak = held + the strategy's buffers + the larger of the passes "
              "(activations, gathered units) and the optimizer's update (its temporaries)"]
