@@ -25,11 +25,13 @@ def compute_rates(precision: str = "fp32") -> dict:
 
 
 def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int | None = None,
-               ready=None) -> dict | None:
+               ready=None, window_s: float | None = None) -> dict | None:
     """The FLOP rate the recipe's model achieves in a training step (forward, backward, optimizer)
     at the rank batch of a data-parallel run at ``world`` ranks, on ``threads`` threads, in this
     process. ``step_flops``: the global step's FLOPs, if counted already; ``ready()``: called once
-    the model is built, just before the timed steps."""
+    the model is built, just before the timed steps. ``window_s``: time steps for that long (at
+    least ``steps``) and take their mean, rather than the median of ``steps``: ranks sharing
+    cores get their fair share only over many of the scheduler's slices."""
     import torch
 
     from suite.models import build as build_model
@@ -54,7 +56,8 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int
             if ready:
                 ready()
             times = []
-            for _ in range(steps + 1):
+            start = time.perf_counter()
+            while len(times) < steps + 1 or (window_s and time.perf_counter() - start < window_s):
                 t0 = time.perf_counter()
                 optimizer.zero_grad()
                 model(inputs).float().sum().backward()
@@ -62,23 +65,29 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int
                 times.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(before)
-    step_s = statistics.median(times[1:])
+    step_s = statistics.fmean(times[1:]) if window_s else statistics.median(times[1:])
     rank_flops = step_flops * batch / recipe.training.batch_size
     return {"model": recipe.model.name, "recipe": recipe.name, "rank_batch": batch, "threads": threads,
             "step_s": step_s, "flops_per_s": rank_flops / step_s}
 
 
+WINDOW_S = 3.0  # how long the ranks stepping at once are timed
+
+
 def _rate_child(recipe, ranks: int, threads: int, step_flops: int, barrier, queue) -> None:
-    queue.put(model_rate(recipe, ranks, threads, step_flops=step_flops, ready=barrier.wait))
+    queue.put(model_rate(recipe, ranks, threads, step_flops=step_flops, ready=barrier.wait, window_s=WINDOW_S))
 
 
 def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
     """{ranks: rate}: for each count of ranks sharing this node, the rate one rank's model step
     achieves at its rank batch while that many ranks step at once (forked processes, each with
     ``cores // ranks`` threads, at least one), so that the threads' scaling, the batch size and
-    the ranks' contention for the cores are measured rather than assumed. The slowest rank's.
-    The FLOPs are counted once, here (on the meta device: no thread pool is started before the
-    forks), and the ranks start their timed steps together, none while another still builds."""
+    the ranks' contention for the cores are measured rather than assumed. The ranks' mean step
+    over ``WINDOW_S`` seconds, averaged over the ranks: with 4 ranks on 2 cores the slowest
+    rank's median of 5 steps read 144 ms in one calibration and 219 ms in the next, while DDP's
+    whole step at that size took 183-202 ms; the window's means spread by 10 % across the ranks. The FLOPs are counted once, here (on the meta device: no thread pool is
+    started before the forks), and the ranks start their timed steps together, none while another
+    still builds."""
     import multiprocessing
 
     from suite.record import flops
@@ -100,5 +109,7 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
             proc.join()
         rates = [r for r in rates if r]
         if rates:
-            out[str(ranks)] = {**min(rates, key=lambda r: r["flops_per_s"]), "ranks_per_node": ranks}
+            step_s = statistics.fmean(r["step_s"] for r in rates)
+            rank_flops = rates[0]["flops_per_s"] * rates[0]["step_s"]
+            out[str(ranks)] = {**rates[0], "step_s": step_s, "flops_per_s": rank_flops / step_s, "ranks_per_node": ranks}
     return out
