@@ -169,12 +169,9 @@ def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
         # On a CPU whose every core runs a rank, gloo's threads take their time from compute.
         cpu = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, "device": "cpu"})
         assert cpu["exposed_comm_s"] == pytest.approx(cpu["comm_s"])
-        # More ranks than cores (4 on 2): the cores are as full, nothing hidden either.
+        # With more ranks than cores (4 on 2), one rank computes while another waits: the rule holds.
         more = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(), {**options, "device": "cpu"})
-        assert more["exposed_comm_s"] == pytest.approx(more["comm_s"])
-        # A core left idle (2 single-threaded ranks on 3 cores) runs gloo's threads: the rule holds.
-        idle = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(cores=3), {**options, "device": "cpu"})
-        assert idle["exposed_comm_s"] == pytest.approx(idle["comm_s"] / 2)
+        assert more["exposed_comm_s"] == pytest.approx(more["comm_s"] / 2)
         # launch.device auto: the calibration's device (gloo: a CPU).
         auto = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, "device": "auto"})
         assert auto["exposed_comm_s"] == pytest.approx(auto["comm_s"])

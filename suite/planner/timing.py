@@ -18,8 +18,8 @@ predicted compute is a lower bound.
 comm: the fits timed at the run's world size (``collectives_by_world``) where the calibration
 has them, else those of its first world size.
 
-``OVERLAP`` below is every strategy's overlap rule, in one place. On a CPU node whose every core
-runs a rank nothing is hidden whatever the rule (``_cores_all_busy``).
+``OVERLAP`` below is every strategy's overlap rule, in one place. On a CPU node with exactly one
+rank per core nothing is hidden whatever the rule (``_cores_all_busy``).
 """
 from __future__ import annotations
 
@@ -126,14 +126,13 @@ def comm_time_s(profile: StepProfile, calibration: dict) -> dict[str, float]:
 
 
 def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> bool:
-    """A CPU node whose every core runs a rank's compute thread (one rank per core, or more ranks
-    than cores), where no overlap rule holds. A collective overlaps compute only where something
-    else runs it: a GPU's copy engines and NCCL's own SMs, or an idle core. On busy cores gloo's
-    threads and the kernel's loopback copies take their time from the ranks' compute: nothing is
-    hidden. Measured (MLP 784-2048-2048-10, 2 cores): ZeRO-3 at 2 ranks stepped in 209 ms, against
-    128 ms predicted with half its communication hidden and 170 ms with none; at 4 ranks every
-    rank ran at 45 % of a core (the cores full) and FSDP stepped in 333 ms against 214 ms
-    predicted with its gathers hidden, DDP in 183 ms against 162 ms."""
+    """A CPU node whose every core runs exactly one rank's compute thread, where no overlap rule
+    holds. A collective overlaps compute only where something else runs it: a GPU's copy engines
+    and NCCL's own SMs, an idle core, or, with more ranks than cores, another rank computing while
+    this one waits. With one rank per core, gloo's threads take their time from the ranks'
+    compute: nothing is hidden. Measured: ZeRO-3 at 2 ranks on 2 cores stepped in 209 ms, against
+    128 ms predicted with half its communication hidden and 170 ms with none; DDP at 4 ranks on
+    2 cores stepped in 197 ms, less than its ranks' compute alone (208 ms with all 4 computing)."""
     device = options.get("device")
     if device not in ("cpu", "cuda"):  # "auto": what the calibration ran on
         device = "cuda" if calibration.get("backend") == "nccl" else "cpu"
@@ -141,7 +140,7 @@ def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> b
         return False
     cores = calibration["compute"]["cores"]
     ranks = options.get("ranks_per_node") or profile.world_size
-    return ranks * max(1, cores // ranks) >= cores
+    return ranks * max(1, cores // ranks) == cores
 
 
 def predict_step_time(profile: StepProfile, calibration: dict, options: dict | None = None) -> dict:
