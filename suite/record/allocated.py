@@ -3,7 +3,7 @@
 On GPU the CUDA allocator counts this itself (``torch.cuda.max_memory_allocated``). On CPU the
 resident set is no substitute: glibc keeps freed blocks for reuse (a freed 16 MiB gradient stays
 resident) and never makes resident the pages of a block nobody touched, so the resident set above
-start was 0.2-3x the allocated peak in our runs. glibc does count the bytes it has handed out and
+start was 0.2x (ZeRO's untouched bucket) to 4x (FSDP) the allocated peak in our runs. glibc does count the bytes it has handed out and
 not had back, in all threads (``mallinfo2``: its arenas' in-use bytes plus its mmapped blocks;
 about 2 us a call). ``AllocatedPeak`` reads that count after every tensor operation of the rank's
 thread (a dispatch mode), from just before the model is built through the first ``STEPS`` training
@@ -11,10 +11,10 @@ steps, and keeps the most above its reading at the start. Later steps repeat the
 allocations, so the window ends there and the mode costs nothing after. What it misses: a peak
 inside one operation, or in another thread between two of this thread's operations.
 
-Two tools that look closer did not serve: PyTorch's profiler reports the CPU allocator's blocks
-only in threads that carry its state, so a buffer a collective's worker thread frees stays counted
-(FSDP's peaks then moved by two units from run to run); and the dispatch mode would change what
-``torch.compile`` traces, so a compiled run is not measured (None).
+PyTorch's profiler, which counts the CPU allocator's tensors alone, did not serve: it reports
+blocks only in threads that carry its state, so a buffer a collective's worker thread frees stays
+counted (FSDP's peaks then moved by two units from run to run). A compiled run is not measured
+(None): the dispatch mode would change what ``torch.compile`` traces.
 """
 from __future__ import annotations
 
