@@ -112,8 +112,8 @@ def test_the_analytic_rule_each_run_records_sends_what_the_real_strategy_code_se
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp", "allreduce"])
 def test_predicted_held_bytes_equal_a_real_runs_at_world_2_and_the_peak_is_within_20_percent(strategy, tmp_path):
-    # Wide enough (38 MiB of parameters) that the tensors make the peak, not the tens of MiB
-    # that BLAS and gloo allocate for themselves on a CPU
+    # Wide enough (38 MiB of parameters) that the tensors make the peak, not the libraries'
+    # own small allocations
     recipe = make_recipe({"name": strategy}, world_size=2, training={**BASE["training"], "max_steps": 2},
                          model={"name": "mlp", "hidden": [3072, 3072]})
     step_losses(recipe, tmp_path)

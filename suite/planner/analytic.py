@@ -34,7 +34,7 @@ sharding strategy gathers, ZeRO's copies of the gradients: ``backward_buffers``)
 optimizer's update (its temporaries, which shrink with the shard the optimizer steps:
 ``optimizer_temporaries``). Measured against the bytes the rank allocated
 (``peak_allocated_bytes``); the freed blocks an allocator keeps resident are not predicted, nor
-the buffers BLAS and gloo allocate for themselves beyond ZeRO's scratch (tens of MiB on a CPU).
+what libraries allocate for themselves beyond gloo's scratch for ZeRO's reduction.
 """
 from __future__ import annotations
 

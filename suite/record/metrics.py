@@ -15,8 +15,8 @@
 - peak_allocated_bytes: the most bytes the rank had allocated at once from the model build on,
   what the planner predicts (suite.record.allocated). On GPU, torch.cuda.max_memory_allocated
   (tensors). On CPU, glibc malloc's bytes handed out and not yet freed, above its count at the
-  build, read after each tensor operation through the first training steps: tensors, and the
-  buffers BLAS and gloo allocate for themselves (tens of MiB here). Unlike the resident set it
+  build, read after each tensor operation through the first training steps: tensors, and what
+  the libraries allocate beside them (gloo's scratch for a collective). Unlike the resident set it
   leaves out freed blocks the allocator keeps and counts allocated pages never touched
   (DeepSpeed's 1.9 GiB gradient bucket: resident only as far as the gradients fill it).
 - bubble_fraction: share of a pipeline stage's schedule wall time spent not computing (waiting for
