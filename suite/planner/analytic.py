@@ -166,6 +166,8 @@ def backward_buffers(recipe, step: dict, g: int) -> int:
       allocates a scratch of the message's size for the collective (on a CPU; NCCL works in
       buffers of its own): two copies of the message. ZeRO-3 reduces while units are still
       gathered."""
+    from suite.train.dist import uses_cuda
+
     name, world = recipe.strategy.name, recipe.world_size
     if world == 1:
         return 0
@@ -175,16 +177,9 @@ def backward_buffers(recipe, step: dict, g: int) -> int:
         return units
     if name == "zero" and recipe.strategy.stage >= 1:
         message = max(min(g, int(_deepspeed_zero_config(recipe).reduce_bucket_size) * 4), step["largest_tensor_bytes"])
-        reduction = message * (2 if _on_cpu(recipe) else 1)
+        reduction = message * (1 if uses_cuda(recipe.launch.device) else 2)
         return reduction + (units if recipe.strategy.stage == 3 else 0)
     return 0
-
-
-def _on_cpu(recipe) -> bool:
-    import torch
-
-    device = recipe.launch.device
-    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
 
 
 def optimizer_temporaries(recipe, step: dict, parts: int) -> int:

@@ -79,6 +79,11 @@ def _agree_rendezvous_through_mpi() -> None:
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
 
 
+def uses_cuda(device: str) -> bool:
+    """launch.device as this process resolves it: "auto" is CUDA where torch sees a GPU."""
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
 def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
          collective_timeout_s: int = 300) -> DistContext:
     """Join (or create) the process group and pick this rank's device(s) and thread count."""
@@ -95,8 +100,7 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
 
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda:
+    if uses_cuda(device):
         have = torch.cuda.device_count()
         first = local_rank * devices_per_task
         if first + devices_per_task > have:

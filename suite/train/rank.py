@@ -121,7 +121,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     try:
         _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated)
     finally:
-        allocated.stop()  # also on failure: the profiler's window never outlives training
+        allocated.stop()  # also on failure: the sampling never outlives training
 
 
 def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated) -> None:
