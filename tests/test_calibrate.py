@@ -90,6 +90,7 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
         errors = sorted(abs(p - t) / t for p, (_, t) in zip(predicted, f["points"]))
         assert errors[len(errors) // 2] <= 1.0, (kind, f["points"], predicted)
     assert c["compute"]["peak_flops_per_s_by_threads"]["1"] > 0
+    assert c["compute"]["copy_bytes_per_s"] > 0 and "memory copy: 1 thread" in proc.stdout
     assert calibrate.load(backend="gloo")["key"] == c["key"]  # found again in the cache by host
     table = proc.stdout
     assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
@@ -175,6 +176,21 @@ def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
         # launch.device auto: the calibration's device (gloo: a CPU).
         auto = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, "device": "auto"})
         assert auto["exposed_comm_s"] == pytest.approx(auto["comm_s"])
+
+
+def test_fsdp2s_copies_take_their_bytes_at_the_copy_rate_and_a_share_of_the_cores():
+    cal = _calibration()
+    cal["compute"]["copy_bytes_per_s"] = 2e9
+    p = _profile("fsdp", 2, comm={"all_gather": (2 * 10**6, 2), "reduce_scatter": (10**6, 1)})
+    p.copy_bytes = 4 * 10**6
+    t = timing.predict_step_time(p, cal, {"device": "cpu"})
+    assert t["copy_s"] == pytest.approx(2e-3)  # 4 MB at 2 GB/s: a core each
+    assert t["step_s"] == pytest.approx(t["compute_s"] + 2e-3 + t["exposed_comm_s"])
+    p4 = _profile("fsdp", 4)
+    p4.copy_bytes = 4 * 10**6
+    assert timing.predict_step_time(p4, cal, {"device": "cpu"})["copy_s"] == pytest.approx(4e-3)  # half a core each
+    del cal["compute"]["copy_bytes_per_s"]  # a calibration from before the copy rate: no copy time
+    assert timing.predict_step_time(p, cal, {"device": "cpu"})["copy_s"] == 0.0
 
 
 def test_pipeline_bubble_and_sends():

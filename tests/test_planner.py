@@ -90,6 +90,10 @@ def test_ddp_all_reduces_its_gradients_once_and_fsdp_gathers_twice_per_step():
     fsdp = profiles[("fsdp", 2)]
     assert fsdp.comm_bytes == {"all_gather": 2 * gradient_bytes, "reduce_scatter": gradient_bytes}
     assert fsdp.flops == ddp.flops > 0
+    # FSDP2's copies: shards into each gather's buffer (1/2 of it), the result out (all of it),
+    # the gradients into the reduce-scatter's input; DDP copies nothing of its own.
+    assert fsdp.copy_bytes == 2 * gradient_bytes // 2 + 2 * gradient_bytes + gradient_bytes
+    assert ddp.copy_bytes == 0
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "allreduce", "fsdp"])
@@ -103,6 +107,7 @@ def test_the_analytic_rule_each_run_records_sends_what_the_real_strategy_code_se
     rule = analytic.profile(recipe, 2, "under test")
     assert rule.comm_bytes == fake.comm_bytes
     assert rule.comm_calls == fake.comm_calls
+    assert rule.copy_bytes == fake.copy_bytes
     assert rule.flops == fake.flops
     # The estimate leaves out Adam's step counters (4 bytes per parameter tensor).
     assert rule.held_bytes == pytest.approx(fake.held_bytes, rel=1e-3)

@@ -300,6 +300,8 @@ def table(calibration: dict) -> str:
     c = calibration["compute"]
     lines.append("compute peak: " + ", ".join(f"{t} thread(s) {r / 1e9:.1f} GFLOP/s"
                                               for t, r in c["peak_flops_per_s_by_threads"].items()))
+    if c.get("copy_bytes_per_s"):
+        lines.append(f"memory copy: 1 thread {c['copy_bytes_per_s'] / 1e9:.1f} GB/s into a fresh buffer")
     for w, fits in (calibration.get("collectives_by_world") or {}).items():
         if str(w) != str(calibration.get("world_size")):
             lines.append(f"at {w} ranks: " + ", ".join(f"{kind} α {f['alpha_s'] * 1e6:.0f} µs β {f['beta_bytes_per_s'] / 1e6:.0f} MB/s"

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from suite.compat import torch as torch_compat
+from suite.planner import analytic
 from suite.planner.profile import StepProfile
 
 _COLLECTIVES = {  # op name (without namespace and trailing _) -> (kind, which tensors are the message)
@@ -236,7 +237,7 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(start + live.peak), flops=int(flops.get_total_flops()),
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
-                       source="fake", notes="; ".join(notes))
+                       copy_bytes=analytic.copy_bytes(recipe, comm.bytes), source="fake", notes="; ".join(notes))
 
 
 # ---- one (strategy, world size) per forked child ----------------------------------------------

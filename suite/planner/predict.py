@@ -42,6 +42,6 @@ def _prediction(recipe, calibration):
         return out
     t = timing.predict_step_time(profile, calibration, timing.options_of(recipe))
     out.update(step_time_s=t["step_s"], samples_per_s=t["samples_per_s"], compute_s=t["compute_s"],
-               comm_s=t["comm_s"], exposed_comm_s=t["exposed_comm_s"], calibration=calibration.get("key"),
+               copy_s=t["copy_s"], comm_s=t["comm_s"], exposed_comm_s=t["exposed_comm_s"], calibration=calibration.get("key"),
                rate=t["rate"])
     return out

@@ -14,6 +14,9 @@ Byte conventions, shared by the fake run, the calibration and the time model:
   hands to each collective call of that kind, summed over calls (for all_gather the output
   buffer, for reduce_scatter the input buffer, for send/recv the tensor sent or received). It is
   the message size, not the traffic on the wire; the calibration fits time against the same size.
+- ``copy_bytes``: per rank per step, the bytes a strategy copies in memory besides compute and
+  collectives (FSDP2 packs each unit's shards into the gather's input and unpacks its output,
+  and packs the gradients into the reduce-scatter's input); timed at the calibration's copy rate.
 - kinds: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``all_to_all``,
   ``send``, ``recv``, ``barrier``.
 """
@@ -35,6 +38,7 @@ class StepProfile:
     samples: int                    # global samples per optimizer step (training.batch_size)
     comm_bytes: dict[str, int] = field(default_factory=dict)
     comm_calls: dict[str, int] = field(default_factory=dict)
+    copy_bytes: int = 0
     source: str = "fake"            # "fake": measured on fake tensors; "analytic": a formula
     notes: str = ""                 # e.g. why a figure is analytic
 

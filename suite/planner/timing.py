@@ -1,9 +1,10 @@
 """From a ``StepProfile`` and a calibration (``python -m suite.calibrate``) to a predicted step time.
 
     compute_s = profile.flops / rate
+    copy_s    = profile.copy_bytes / copy rate
     comm_s    = sum over kinds k of  calls_k · a_k(N) · α_k + b_k(N) · bytes_k / β_k   (alpha_beta)
     exposed   = comm_s - hidden,  hidden = min(Σ_k overlap_k · comm_k, window of compute)
-    step_s    = compute_s / (1 - bubble) + exposed_comm_s
+    step_s    = compute_s / (1 - bubble) + copy_s + exposed_comm_s
     samples/s = profile.samples / step_s
 
 rate: the recipe's model's rate measured by the calibration with as many ranks stepping at once
@@ -14,6 +15,11 @@ ranks than cores share a node), times the model's efficiency (its achieved rate 
 the same threads) when the calibration measured the model at all; the efficiency is then assumed
 not to change with batch size or thread count. Without either the peak is used, and the
 predicted compute is a lower bound.
+
+copy rate: the bytes one thread copies per second into a freshly allocated buffer
+(``compute.copy_rate``), times the rank's share of the cores when more ranks than cores share a
+node; ranks copying at once on separate cores are assumed not to slow each other's copies. A
+calibration older than this rate predicts no copy time (``copy_s`` 0).
 
 comm: the fits timed at the run's world size (``collectives_by_world``) where the calibration
 has them, else those of its first world size.
@@ -109,6 +115,15 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
     return peak * share, f"matmul peak at {threads} thread(s)" + (f" x core share {share:.2f}" if share < 1 else "")
 
 
+def copy_time_s(profile: StepProfile, calibration: dict, ranks_per_node: int) -> float:
+    """Seconds per step of the strategy's memory copies (``StepProfile.copy_bytes``)."""
+    c = calibration["compute"]
+    rate = c.get("copy_bytes_per_s")
+    if not profile.copy_bytes or not rate:
+        return 0.0
+    return profile.copy_bytes / (rate * min(1.0, c["cores"] / max(1, ranks_per_node)))
+
+
 def comm_time_s(profile: StepProfile, calibration: dict) -> dict[str, float]:
     """Seconds per step of each collective kind the profile uses."""
     # The fit at this world size where the calibration timed one (at more ranks than cores, peers
@@ -155,6 +170,7 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     rate, rate_note = compute_rate(calibration, options.get("ranks_per_node") or profile.world_size,
                                    options.get("model"))
     compute_s = profile.flops / rate
+    copy_s = copy_time_s(profile, calibration, options.get("ranks_per_node") or profile.world_size)
     per_kind = comm_time_s(profile, calibration)
     comm_s = sum(per_kind.values())
     name, overlap = rule(options)
@@ -167,8 +183,8 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         k, m = options.get("stages") or profile.world_size, options.get("chunks") or 1
         bubble = (k - 1) / (m + k - 1)
     exposed_s = comm_s - hidden_s
-    step_s = compute_s / (1 - bubble) + exposed_s
-    return {"compute_s": compute_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,
+    step_s = compute_s / (1 - bubble) + copy_s + exposed_s
+    return {"compute_s": compute_s, "copy_s": copy_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,
             "samples_per_s": profile.samples / step_s if step_s > 0 else None,
             "comm_s_by_kind": per_kind, "bubble": bubble, "flops_per_s": rate, "rate": rate_note,
             "overlap_rule": overlap.why}
