@@ -19,6 +19,30 @@ def test_a_freed_tensor_still_counts_at_its_peak_and_what_was_there_before_does_
     del before
 
 
+def test_garbage_from_before_the_start_freed_inside_the_window_does_not_lower_the_peak():
+    """A reference cycle holding 32 MiB, left by earlier work and collected during the window (as
+    DeepSpeed's gc.collect() does in its engine's build), must not come off the window's peak."""
+    import gc
+
+    class Cycle:
+        pass
+
+    gc.disable()  # as if the collector had not come round to it yet
+    try:
+        garbage = Cycle()
+        garbage.me, garbage.tensor = garbage, torch.ones(8 * 2**20)  # 32 MiB
+        del garbage
+        peak = AllocatedPeak(torch.device("cpu"))
+        peak.start()
+        gc.collect()  # inside the window
+        a = torch.ones(16 * 2**20)  # 64 MiB
+        measured = peak.stop()
+        del a
+    finally:
+        gc.enable()
+    assert 64 * 2**20 <= measured < 64 * 2**20 + 8 * 2**20, measured
+
+
 def test_a_compiled_run_is_not_measured():
     peak = AllocatedPeak(torch.device("cpu"), compiled=True)
     peak.start()

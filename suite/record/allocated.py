@@ -11,6 +11,14 @@ steps, and keeps the most above its reading at the start. Later steps repeat the
 allocations, so the window ends there and the mode costs nothing after. What it misses: a peak
 inside one operation, or in another thread between two of this thread's operations.
 
+Memory that was allocated before the start and is freed inside the window lowers the count
+below the start, so the window's own allocations would read that much smaller. Garbage is the
+case met: a rank forked from a process with uncollected reference cycles (a warm pool's earlier
+point, a test process) frees them when the collector runs, and DeepSpeed calls ``gc.collect()``
+while it builds its engine (a 26 MiB tensor in a cycle took 26 MiB off ZeRO-3's measured peak
+per cycle). So the start collects garbage first (tens of milliseconds, once per rank, before the
+model build); what a library frees of its own earlier memory is still not told apart.
+
 PyTorch's profiler, which counts the CPU allocator's tensors alone, did not serve: it reports
 blocks only in threads that carry its state, so a buffer a collective's worker thread frees stays
 counted (FSDP's peaks then moved by two units from run to run). A compiled run is not measured
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -92,6 +101,7 @@ class AllocatedPeak:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return
+        gc.collect()  # garbage from before the start is freed now, not inside the window (module doc)
         _warm_up()
         self._sampler = _Sampler()
         self._sampler.__enter__()
