@@ -80,10 +80,10 @@ def run(bench: Bench) -> Section:
     # per round); each run predicts itself from its round's calibration, and the error reported
     # is the median over rounds of each run against its own prediction.
     env = {**os.environ, "XDG_CACHE_HOME": str(bench.out / "plan" / "cache")}  # never the user's calibration
-    got, tables, drift = {c[0:3]: [] for c in configs}, [], []
+    got, table, drift = {c[0:3]: [] for c in configs}, None, []
     for round_ in range(bench.repeats):
-        table, calibration = calibrate(bench, env, round_)
-        tables.append(table)
+        printed, calibration = calibrate(bench, env, round_)
+        table = table or printed  # the first round's is shown
         drift.append(f"round {round_ + 1}: {_model_steps(calibration)}")
         shift = round_ % len(configs)
         for label, strategy, world, _ in configs[shift:] + configs[:shift]:
@@ -99,7 +99,6 @@ def run(bench: Bench) -> Section:
         results.append((label, world, targeted or label == "single", e))
         rows.append([label, world, e["source"], e["held"], _mib(e["peak_predicted"]), _mib(e["peak_measured"]), e["peak"],
                      e["beside"], _mib(e["resident"]), e["step_predicted"], e["step_measured"], e["steps"], e["step"]])
-    table = tables[0]
     s.lines += ["MLP 784-2048-2048-10, Adam, fp32, global batch 128 (`base.yaml` with a wider MLP); "
                 f"error = predicted / measured - 1 of each run against its own prediction, median of {bench.repeats} round(s). "
                 "World 4 runs 4 ranks on 2 cores. Each round calibrates first (`python -m suite.calibrate --world-size 2,4`: "

@@ -227,6 +227,7 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     stage_bytes = step["parameter_bytes"] // parts
     transient = max(activations + backward_buffers(recipe, step, stage_bytes), optimizer_temporaries(recipe, step, parts))
     comm = communication(recipe, stage_bytes, stage_bytes, step)
+    comm_bytes = {k: b for k, (b, _) in comm.items()}
     notes = [f"analytic: {reason}", "peak = held + the strategy's buffers + the larger of the passes "
              "(activations, gathered units) and the optimizer's update (its temporaries)"]
     if stages > 1:
@@ -234,6 +235,6 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
                        flops=step["flops"] // parts, samples=recipe.training.batch_size,
-                       comm_bytes={k: b for k, (b, _) in comm.items()}, comm_calls={k: c for k, (_, c) in comm.items()},
-                       copy_bytes=copy_bytes(recipe, {k: b for k, (b, _) in comm.items()}), source="analytic", notes="; ".join(notes))
+                       comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()},
+                       copy_bytes=copy_bytes(recipe, comm_bytes), source="analytic", notes="; ".join(notes))
 

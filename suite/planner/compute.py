@@ -108,9 +108,9 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
     the ranks' contention for the cores are measured rather than assumed. The ranks' mean step
     over ``WINDOW_S`` seconds, averaged over the ranks: with 4 ranks on 2 cores the slowest
     rank's median of 5 steps read 144 ms in one calibration and 219 ms in the next, while DDP's
-    whole step at that size took 183-202 ms; the window's means spread by 10 % across the ranks. The FLOPs are counted once, here (on the meta device: no thread pool is
-    started before the forks), and the ranks start their timed steps together, none while another
-    still builds."""
+    whole step at that size took 183-202 ms; the window's means spread by 10 % across the ranks.
+    The FLOPs are counted once, here (on the meta device: no thread pool is started before the
+    forks), and the ranks start their timed steps together, none while another still builds."""
     import multiprocessing
 
     from suite.record import flops

@@ -102,7 +102,7 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
     cores = c["cores"]
     threads = max(1, cores // max(1, ranks_per_node))
     peak = by_threads.get(threads) or by_threads[max(by_threads)]
-    share = min(1.0, cores / (max(1, ranks_per_node) * threads))  # ranks beyond the cores share them
+    share = core_share(cores, ranks_per_node, threads)
     m = (c.get("models") or {}).get(model) if model else None
     together = ((m or {}).get("by_ranks_per_node") or {}).get(str(max(1, ranks_per_node)))
     if together:  # measured with as many ranks stepping at once: threads, batch and contention included
@@ -115,13 +115,20 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
     return peak * share, f"matmul peak at {threads} thread(s)" + (f" x core share {share:.2f}" if share < 1 else "")
 
 
+def core_share(cores: int, ranks_per_node: int, threads: int = 1) -> float:
+    """The share of its threads' cores a rank gets: 1, or less when the node's ranks run more
+    threads than it has cores (they share them)."""
+    return min(1.0, cores / (max(1, ranks_per_node) * threads))
+
+
 def copy_time_s(profile: StepProfile, calibration: dict, ranks_per_node: int) -> float:
-    """Seconds per step of the strategy's memory copies (``StepProfile.copy_bytes``)."""
+    """Seconds per step of the strategy's memory copies (``StepProfile.copy_bytes``), at one
+    thread's copy rate."""
     c = calibration["compute"]
     rate = c.get("copy_bytes_per_s")
     if not profile.copy_bytes or not rate:
         return 0.0
-    return profile.copy_bytes / (rate * min(1.0, c["cores"] / max(1, ranks_per_node)))
+    return profile.copy_bytes / (rate * core_share(c["cores"], ranks_per_node))
 
 
 def comm_time_s(profile: StepProfile, calibration: dict) -> dict[str, float]:
@@ -167,10 +174,10 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     ``options``: name (strategy), stage (zero), stages and chunks (pipeline K and M),
     ranks_per_node (default: the world size, one node), model (to use its measured efficiency)."""
     options = {"name": profile.strategy, **(options or {})}
-    rate, rate_note = compute_rate(calibration, options.get("ranks_per_node") or profile.world_size,
-                                   options.get("model"))
+    ranks_per_node = options.get("ranks_per_node") or profile.world_size
+    rate, rate_note = compute_rate(calibration, ranks_per_node, options.get("model"))
     compute_s = profile.flops / rate
-    copy_s = copy_time_s(profile, calibration, options.get("ranks_per_node") or profile.world_size)
+    copy_s = copy_time_s(profile, calibration, ranks_per_node)
     per_kind = comm_time_s(profile, calibration)
     comm_s = sum(per_kind.values())
     name, overlap = rule(options)
