@@ -131,3 +131,33 @@ def test_polls_slow_down_while_ranks_train_and_a_stand_in_waits_without_polling(
     finally:
         signal.signal(signal.SIGUSR1, previous)
         rank.wait()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["warm ranks", "--no-wait"])
+def test_local_ranks_each_lead_a_session_of_their_own_as_torchruns_workers_do(how, tmp_path):
+    """Linux's autogroup scheduler groups a session's processes; ranks left in the submitting
+    shell's session stepped 7 % slower (suite.submit.launch.own_session). Both ways local ranks
+    start: the pool's (task 0 and the ranks it forks) and one submitit task per rank (--no-wait)."""
+    import time
+
+    args = ["training.max_steps=400", "training.log_every_steps=50"]
+    if how == "--no-wait":
+        args.append("--no-wait")
+    proc = subprocess.Popen([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "--out", str(tmp_path),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, sessions = time.time() + 120, None
+    while time.time() < deadline and sessions is None:
+        records = list(tmp_path.glob("*/ranks/rank*.json"))
+        if len(records) == 2:
+            pids = [json.loads(p.read_text())["pid"] for p in records]
+            sessions = {pid: os.getsid(pid) for pid in pids}  # the ranks still train: 400 steps
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert sessions is not None, "no two rank records within 120 s"
+    assert all(sid == pid for pid, sid in sessions.items()), sessions
+    (run_dir,) = [p.parent for p in tmp_path.glob("*/recipe.yaml")]
+    while how == "--no-wait" and time.time() < deadline + 60 and status(run_dir) != "completed":
+        time.sleep(0.2)
+    assert status(run_dir) == "completed"

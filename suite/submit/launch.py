@@ -36,9 +36,31 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     def __call__(self):
         env = submitit.JobEnvironment()
+        if env.cluster == "local":
+            own_session()
         join_rendezvous(env, self.master_port)
         ended = train_point(self.recipe_json, self.run_dir, self.watcher_pid)
         return env.global_rank if ended == "completed" else None
+
+
+def own_session() -> None:
+    """Make this local rank a session of its own, as torchrun does for its workers.
+
+    Linux's autogroup scheduler (``/proc/sys/kernel/sched_autogroup_enabled``, on in many kernels)
+    puts each session's processes in one scheduling group. submitit's local controller starts
+    every task in the submitting shell's session, so the ranks (each a main, a gloo and an
+    autograd thread) shared one group. Measured on 2 cores, the same hand-written FSDP loop at
+    2 ranks: rank 0's median step was 7 % slower when both ranks ran in one session than in one
+    session each, and a hand-written loop under torchrun matched the suite's ranks only once
+    they had sessions of their own. What else changes: a Ctrl-C in the terminal no longer reaches
+    the ranks directly; ``suite.submit`` catches it and forwards it to each rank by process id
+    (``suite.submit.follow``), as it did before, and a rank stops if ``suite.submit`` is gone."""
+    if os.getsid(0) == os.getpid():
+        return
+    try:
+        os.setsid()
+    except PermissionError:  # a process-group leader cannot start a session; it keeps its own
+        pass
 
 
 def join_rendezvous(env, master_port: int | None) -> None:

@@ -48,6 +48,7 @@ class PoolTask(submitit.helpers.Checkpointable):
         if env.global_rank > 0:
             return _stand_in(points, env.global_rank)
         started = time.time()
+        launch.own_session()  # rank 0; each forked rank starts one of its own
         run_record.write_json_atomic(points / "rank0.pid", os.getpid())
         launch.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
@@ -70,6 +71,7 @@ class PoolTask(submitit.helpers.Checkpointable):
         points, code = Path(self.points), 0
         try:
             _die_with_parent()
+            launch.own_session()
             paths = submitit_compat.task_paths(env.paths.folder, env.job_id, rank)
             for fd, path in ((1, paths.stdout), (2, paths.stderr)):
                 target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
