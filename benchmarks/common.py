@@ -47,10 +47,14 @@ def _cell(v) -> str:
 class Bench:
     """Settings of one compare.py invocation and the runs it makes."""
     out: Path
-    repeats: int
+    repeats: Optional[int]  # --repeats; None: each section's own default (``times``)
     quick: bool
     strategies: Optional[list[str]] = None  # --strategies: the overhead section measures only these
     log: list[str] = field(default_factory=list)
+
+    def times(self, default: int = 3) -> int:
+        """Repetitions for a section: --repeats if given, else the section's default (1 with --quick)."""
+        return self.repeats or (1 if self.quick else default)
 
     def submit(self, folder: str, overrides: list[str], recipe: Path = BASE, env: dict | None = None,
                check: bool = True) -> dict:

@@ -26,7 +26,7 @@ def run(bench: Bench) -> Section:
     for schedule, m in RUNS:
         per_rep = [bench.submit(f"pipeline/{schedule}-m{m}-{rep}", [
             *shape, f"strategy={{name: pipeline, schedule: {schedule}, stages: {K}, micro_batches: {m}}}"])
-            for rep in range(bench.repeats)]
+            for rep in range(bench.times())]
         results[schedule, m] = {
             "bubble": [median(r["ranks"][k]["strategy_metrics"]["bubble_fraction"] for r in per_rep) for k in range(K)],
             "busy_s": [median(r["ranks"][k]["strategy_metrics"]["stage_busy_s"] for r in per_rep) for k in range(K)],
@@ -39,7 +39,7 @@ def run(bench: Bench) -> Section:
 
     s.lines += [f"MLP of four {WIDTH}-wide blocks cut into {K} balanced stages (two blocks each), global batch "
                 f"{BATCH}, one thread per rank; idle fraction per stage = 1 - (time in its forward/backward) / "
-                f"(wall time of the schedule), median over steps (the first left out) and {bench.repeats} "
+                f"(wall time of the schedule), median over steps (the first left out) and {bench.times()} "
                 f"repetition(s). 1F1B needs M >= K, so it has no M = 1 row.", ""]
     rows = []
     for (schedule, m), r in results.items():

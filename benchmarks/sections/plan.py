@@ -81,7 +81,7 @@ def run(bench: Bench) -> Section:
     # is the median over rounds of each run against its own prediction.
     env = {**os.environ, "XDG_CACHE_HOME": str(bench.out / "plan" / "cache")}  # never the user's calibration
     got, table, drift = {c[0:3]: [] for c in configs}, None, []
-    for round_ in range(bench.repeats):
+    for round_ in range(bench.times()):
         printed, calibration = calibrate(bench, env, round_)
         table = table or printed  # the first round's is shown
         drift.append(f"round {round_ + 1}: {_model_steps(calibration)}")
@@ -100,7 +100,7 @@ def run(bench: Bench) -> Section:
         rows.append([label, world, e["source"], e["held"], _mib(e["peak_predicted"]), _mib(e["peak_measured"]), e["peak"],
                      e["beside"], _mib(e["resident"]), e["step_predicted"], e["step_measured"], e["steps"], e["step"]])
     s.lines += ["MLP 784-2048-2048-10, Adam, fp32, global batch 128 (`base.yaml` with a wider MLP); "
-                f"error = predicted / measured - 1 of each run against its own prediction, median of {bench.repeats} round(s). "
+                f"error = predicted / measured - 1 of each run against its own prediction, median of {bench.times()} round(s). "
                 "World 4 runs 4 ranks on 2 cores. Each round calibrates first (`python -m suite.calibrate --world-size 2,4`: "
                 "collectives at 2 and 4 ranks, the model stepped by 1, 2 and 4 ranks at once; the first round's table below), "
                 "then runs every point once; each run's prediction is the one it recorded after training, from its round's "

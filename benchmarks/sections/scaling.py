@@ -18,10 +18,10 @@ def run(bench: Bench) -> Section:
         for world in (1, 2):
             rate[world] = median(bench.submit(f"scaling/{label}-w{world}-{rep}", [
                 f"strategy={strategy}", f"launch.tasks_per_node={world}", *shape])["samples_per_s"]
-                for rep in range(bench.repeats))
+                for rep in range(bench.times()))
         rows.append([label, rate[1], rate[2], rate[2] / rate[1], rate[2] / (2 * rate[1])])
     s.lines += ["CNN on synthetic 3x32x32, global batch 128, Adam (`base.yaml`); one thread per rank, so world 2 "
-                f"uses both cores; samples/s of the run (median of {bench.repeats}). Efficiency = samples/s at 2 / "
+                f"uses both cores; samples/s of the run (median of {bench.times()}). Efficiency = samples/s at 2 / "
                 "(2 x samples/s at 1).", ""]
     s.table(["strategy", "samples/s, world 1", "samples/s, world 2", "speed-up", "efficiency"], rows)
     return s

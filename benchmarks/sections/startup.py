@@ -41,10 +41,10 @@ def run(bench: Bench) -> Section:
     s = Section("Start-up and sweep cost")
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # what users run: W&B offline
     runs = [bench.submit(f"startup/one-step-{rep}", ["training.max_steps=1"], recipe=QUICKSTART, env=env)
-            for rep in range(bench.repeats)]
+            for rep in range(bench.times())]
     table = [phases(r) for r in runs]
     s.lines += ["`python -m suite.submit recipes/quickstart.yaml training.max_steps=1` (ddp, 2 local ranks, "
-                f"default tracking): seconds after the command started, median of {bench.repeats}. The first "
+                f"default tracking): seconds after the command started, median of {bench.times()}. The first "
                 "step's end is the loop's start plus that step's own time.", ""]
     s.table(["phase", "s after the command", *(f"run {i}" for i in range(len(runs)))],
             [[name, median(t[name] for t in table), *(t[name] for t in table)] for name in table[0]])
