@@ -148,9 +148,8 @@ def test_local_ranks_each_lead_a_session_of_their_own_as_torchruns_workers_do(ho
                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, sessions = time.time() + 120, None
     while time.time() < deadline and sessions is None:
-        records = list(tmp_path.glob("*/ranks/rank*.json"))
-        if len(records) == 2:
-            pids = [json.loads(p.read_text())["pid"] for p in records]
+        pids = [pid for ranks in tmp_path.glob("*/ranks") for pid in rank_pids(ranks.parent)]
+        if len(pids) == 2:
             sessions = {pid: os.getsid(pid) for pid in pids}  # the ranks still train: 400 steps
         time.sleep(0.05)
     _, err = proc.communicate(timeout=180)
