@@ -5,6 +5,8 @@ The contract each factory follows is in ``docs/plugins.md``. Both custom section
 ``TargetOptions``: ``target`` ("package.module:function"), ``kwargs`` and ``pythonpath`` (folders
 put in front of ``sys.path``, relative to the current directory: where ``suite.submit`` starts,
 and where its local and Slurm ranks start too, so a rank imports the target as the submitter did).
+A model target may also be a library's own constructor (``torchvision.models:resnet18``), called
+with the recipe's keyword arguments alone (``suite.models.custom``; ``takes_spec`` tells them apart).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ class TargetOptions(BaseModel):
 
     @model_validator(mode="after")
     def _target_resolves(self):
-        check_kwargs(self.factory(), self.kwargs, self.fixed_args, self.section, self.target)
+        check_kwargs(self.factory(), self.factory_kwargs(), self.fixed(), self.section, self.target, self.beside(),
+                     tuple(sorted(type(self).model_fields)))
         return self
 
     def factory(self) -> Callable:
@@ -41,6 +44,14 @@ class TargetOptions(BaseModel):
 
     def factory_kwargs(self) -> dict:
         return dict(self.kwargs)
+
+    def fixed(self) -> tuple[str, ...]:
+        """The arguments the suite passes before the keyword arguments (``fixed_args``)."""
+        return self.fixed_args
+
+    def beside(self) -> set[str]:
+        """Keyword arguments written beside ``target`` rather than under ``kwargs`` (named so in errors)."""
+        return set()
 
 
 def import_target(target: str, key: str, pythonpath: list[str] = ()) -> Callable:
@@ -71,23 +82,44 @@ def import_target(target: str, key: str, pythonpath: list[str] = ()) -> Callable
     return obj
 
 
-def check_kwargs(factory: Callable, kwargs: dict, fixed: tuple[str, ...], section: str, target: str) -> None:
-    """SuiteError naming ``<section>.kwargs`` when ``factory`` cannot be called with ``fixed`` + kwargs."""
+def takes_spec(factory: Callable) -> bool:
+    """Whether a model target is a suite factory, called as ``factory(spec, **kwargs)``: its first
+    parameter is named ``spec`` or annotated ``DataSpec``. Anything else (``torchvision.models:
+    resnet18``, a module class) is a constructor, called with the keyword arguments alone. A
+    callable without a signature (some builtins) is taken for a factory, as before constructors."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        return False
+    annotation = params[0].annotation
+    named = getattr(annotation, "__name__", annotation if isinstance(annotation, str) else "")
+    return params[0].name == "spec" or str(named).rsplit(".", 1)[-1] == "DataSpec"
+
+
+def check_kwargs(factory: Callable, kwargs: dict, fixed: tuple[str, ...], section: str, target: str,
+                 beside: set[str] = frozenset(), own_keys: tuple[str, ...] = ()) -> None:
+    """SuiteError naming the key (``<section>.kwargs.<name>``, or ``<section>.<name>`` for one
+    written beside ``target``, where a misspelt ``own_keys`` of the section may land too) when
+    ``factory`` cannot be called with ``fixed`` + kwargs."""
+    key = lambda name: f"{section}.{name}" if name in beside else f"{section}.kwargs.{name}"
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return  # some builtins have no signature: the call itself will tell
     takes = ", ".join(str(p) for p in params.values())
-    taken = set(fixed) & set(kwargs)
+    taken = sorted(set(fixed) & set(kwargs))
     if taken:
-        raise SuiteError(f"{section}.kwargs sets {', '.join(sorted(taken))}, which the suite passes itself; "
-                         f"remove it from {section}.kwargs")
+        where = section if taken[0] in beside else f"{section}.kwargs"
+        raise SuiteError(f"{where} sets {', '.join(taken)}, which the suite passes itself; remove it from {where}")
     open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
     named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     unknown = [] if open_ended else sorted(set(kwargs) - set(named[len(fixed):]))
     if unknown:
-        raise SuiteError(f"{section}.kwargs.{unknown[0]}: {target} does not accept {', '.join(unknown)}; "
-                         f"it takes ({takes})")
+        own = f" (and the suite's own keys {', '.join(own_keys)})" if unknown[0] in beside else ""
+        raise SuiteError(f"{key(unknown[0])}: {target} does not accept {', '.join(unknown)}; "
+                         f"it takes ({takes}){own}")
     try:
         inspect.signature(factory).bind(*(None for _ in fixed), **kwargs)
     except TypeError as e:

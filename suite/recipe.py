@@ -20,8 +20,8 @@ from suite.errors import SuiteError
 from suite.lr_schedule import Schedule
 from suite.models import MODELS
 from suite.plan import ModelInfo, Plan, build as build_plan
-from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, raw_points,  # noqa: F401
-                               read, set_path, shown)
+from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, named_targets,  # noqa: F401
+                               raw_points, read, set_path, shown)
 from suite.strategies import STRATEGIES
 
 
@@ -172,6 +172,7 @@ def load(path: str | Path, overrides: list[str] = ()) -> list[Recipe]:
 
 def validate(raw: dict) -> Recipe:
     check_plain(raw)
+    raw = named_targets(raw)  # model: {target: ...} alone is a custom model
     try:
         # Strict: true is not 1 and 1.5 is not 1; JSON mode still reads a list as a tuple, an int as a float.
         recipe = Recipe.model_validate_json(json.dumps(raw), strict=True)

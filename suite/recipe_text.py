@@ -135,6 +135,16 @@ def _point_name(name: str, suffix: str) -> str:
     return f"{name[:NAME_MAX_CHARS - 1 - len(suffix)]}-{suffix}"
 
 
+def named_targets(raw: dict) -> dict:
+    """``model: {target: pkg.mod:fn, ...}`` without a ``name`` is a custom model, as Hydra's
+    ``_target_`` reads: the recipe (a shallow copy) with ``model.name: custom`` filled in, so
+    that the schema knows which options apply (``suite.models.custom``)."""
+    model = raw.get("model")
+    if isinstance(model, dict) and "target" in model and "name" not in model:
+        return {**raw, "model": {"name": "custom", **model}}
+    return raw
+
+
 def check_plain(value, path: str = "recipe", depth: int = 0) -> None:
     """Only what JSON holds: mappings with text keys, lists, text, finite numbers, booleans, null
     (YAML also reads dates, binary and sets, which no recipe key takes), nested a few levels."""

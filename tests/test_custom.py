@@ -1,8 +1,10 @@
 """A user's model and data named by import path (docs/plugins.md): the example recipe end to end,
-parity of a custom model under DDP with the baseline, and one-line errors for every way a target
+parity of a custom model under DDP with the baseline, a library's constructor as the target
+(torchvision's, keyword arguments from the recipe), and one-line errors for every way a target
 can be wrong. The factories below are targets for the error cases (``tests.test_custom:...``)."""
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -107,7 +109,10 @@ def broken_package(tmp_path):
      "model.kwargs.widht: my_models.nets:build does not accept widht; it takes (spec, width: int = 32, depth: int = 2)"),
     ("model", {"kwargs": {"spec": 8}}, "model.kwargs sets spec, which the suite passes itself"),
     ("model", {"task": "regression"}, "model.task='regression'"),
-    ("model", {"targte": "x:y"}, "unknown recipe key model.targte; accepted here: kwargs, name, pythonpath, target, task"),
+    # Keys beside target are the factory's keyword arguments: a misspelt suite key is one it does not take.
+    ("model", {"targte": "x:y"}, "model.targte: my_models.nets:build does not accept targte; it takes (spec, width: "
+                                 "int = 32, depth: int = 2) (and the suite's own keys kwargs, name, pythonpath, target, task)"),
+    ("model", {"width": 8, "kwargs": {"width": 16}}, "model.width is given both beside model.target and in model.kwargs"),
     ("data", {"target": "tests.test_custom:data_returns_list", "kwargs": {}},
      "data.target=tests.test_custom:data_returns_list returns list; return (train, val) or (train, val, DataSpec)"),
     ("data", {"target": "tests.test_custom:data_returns_float64", "kwargs": {}},
@@ -162,3 +167,82 @@ def test_the_example_factories_follow_the_documented_signatures():
     assert list(inspect.signature(nets.build).parameters)[0] == "spec"
     train, val = data.load(n_train=32, n_val=8)
     assert train.tensors[0].shape == (32, 2) and set(train.tensors[1].tolist()) <= {0, 1}
+
+
+# ---- a library's constructor as the target: model: {target: torchvision.models:..., num_classes: 10} ----
+
+TINY_IMAGES = {"name": "synthetic", "shape": [3, 32, 32], "classes": 10, "n_train": 32, "n_val": 16}
+SHUFFLENET = {"target": "torchvision.models:shufflenet_v2_x0_5", "num_classes": 10}
+TWO_STEPS = {"epochs": 1, "max_steps": 2, "batch_size": 8, "seed": 0, "log_every_steps": 1}
+
+
+def test_a_library_constructor_trains_under_single_with_the_recipes_arguments(tmp_path):
+    recipe = make_recipe({"name": "single"}, 1, model=SHUFFLENET, data=TINY_IMAGES, training=TWO_STEPS)
+    assert recipe.model.name == "custom" and not recipe.model.calls_with_spec()  # no name needed, no spec passed
+    losses = step_losses(recipe, tmp_path)
+    # num_classes reached the constructor: 10 logits start near ln 10 = 2.3, torchvision's default
+    # 1000 near ln 1000 = 6.9
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses) and losses[0] < 4, losses
+
+
+def test_the_constructors_arguments_decide_the_model_and_the_resolved_recipe_reads_back():
+    from suite import recipe as recipes
+    from suite.models import build
+
+    recipe = make_recipe({"name": "single"}, 1, model=SHUFFLENET, data=TINY_IMAGES, training=TWO_STEPS)
+    assert build(recipe.model, recipe.data.spec()).fc.out_features == 10
+    wide = make_recipe({"name": "single"}, 1, model={**SHUFFLENET, "num_classes": 7}, data=TINY_IMAGES,
+                       training=TWO_STEPS)
+    assert build(wide.model, wide.data.spec()).fc.out_features == 7
+    again = recipes.validate(yaml.safe_load(recipes.dump(recipe)))  # the run folder's recipe.yaml
+    assert again.model.model_dump() == recipe.model.model_dump() and again.model.factory_kwargs() == {"num_classes": 10}
+
+
+def test_a_suite_factory_takes_its_keyword_arguments_beside_target_too():
+    """The old form (kwargs:) and Hydra's (beside target) build the same model; spec still comes first."""
+    from suite.models import build
+
+    def parameters(model_section):
+        recipe = make_recipe({"name": "single"}, 1, model=model_section, data=DATA)
+        return sum(p.numel() for p in build(recipe.model, recipe.data.spec()).parameters())
+
+    beside = {k: v for k, v in MODEL.items() if k not in ("name", "kwargs")} | {"width": 16}
+    assert parameters(beside) == parameters(MODEL)  # MODEL: kwargs {width: 16}
+    assert parameters({**beside, "width": 8}) != parameters(MODEL)
+
+
+@pytest.mark.parametrize("model, key", [
+    ({**SHUFFLENET, "num_clases": 10}, "model.num_clases"),
+    ({"target": SHUFFLENET["target"], "kwargs": {"num_clases": 10}}, "model.kwargs.num_clases"),
+])
+def test_a_wrong_constructor_argument_is_one_line_at_dry_run(capsys, tmp_path, model, key):
+    """torchvision's builders take **kwargs and hand them on: only a call tells, made on the meta device."""
+    recipe = {"name": "tv", "model": model, "data": TINY_IMAGES, "strategy": {"name": "single"},
+              "training": TWO_STEPS, "tracking": {"wandb": "disabled"}}
+    code, err = dry_run(capsys, tmp_path, recipe)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {key}: torchvision.models:shufflenet_v2_x0_5 does not accept num_clases"), err
+
+
+def takes_spec_first(spec, width=3):
+    return spec
+
+
+def takes_annotated_data(d: "DataSpec", width=3):
+    return d
+
+
+def takes_keywords(*, num_classes=10):
+    return num_classes
+
+
+def test_factories_and_constructors_are_told_apart_by_the_first_parameter():
+    import torchvision
+    from torch import nn
+
+    from suite.factories import takes_spec
+
+    assert takes_spec(takes_spec_first) and takes_spec(takes_annotated_data)
+    assert not takes_spec(takes_keywords) and not takes_spec(torchvision.models.resnet18)
+    assert not takes_spec(nn.Linear)  # a module class: (in_features, out_features, ...)
+    assert all(options().calls_with_spec() for name, (options, _) in MODELS.items() if name != "custom")

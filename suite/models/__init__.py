@@ -17,8 +17,9 @@ One contract for every model, built-in or the user's (``docs/plugins.md``):
   a custom model declares it as ``model.task`` (default classification).
 
 A built-in is a module here with ``OPTIONS`` (pydantic classes whose ``name`` is a Literal) and
-``build(spec, **fields)``, plus a line in ``_MODULES``. ``model: {name: custom, target:
-"mypkg.nets:build", kwargs: {...}}`` names a factory by import path instead (``models/custom.py``).
+``build(spec, **fields)``, plus a line in ``_MODULES``. ``model: {target: "mypkg.nets:build",
+...}`` names a factory by import path instead, or a library's constructor
+(``torchvision.models:resnet18``), which takes the keyword arguments alone (``models/custom.py``).
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ for _m in _MODULES:
 def build(options, spec: DataSpec):
     """Build the model the recipe names for data of the given spec."""
     check_fits(options, spec)
-    model = options.factory()(spec, **options.factory_kwargs())
+    args = (spec,) if options.calls_with_spec() else ()  # a library's constructor takes no spec
+    model = options.factory()(*args, **options.factory_kwargs())
     if not isinstance(model, nn.Module):
         raise SuiteError(f"{source(options)} returns {type(model).__name__}, not an nn.Module; "
                          f"return the model (an nn.Sequential of blocks if it is to be split)")

@@ -18,13 +18,19 @@ class ModelOptions(BaseModel):
     inputs: ClassVar[Literal["features", "images", "tokens", None]] = None
 
     def factory(self):
-        """What builds this model: called as ``factory(spec, **self.factory_kwargs())``."""
+        """What builds this model: called as ``factory(spec, **self.factory_kwargs())`` (without
+        ``spec`` where ``calls_with_spec`` is false)."""
         from suite.models import MODELS
 
         return MODELS[self.name][1]
 
     def factory_kwargs(self) -> dict:
         return {k: getattr(self, k) for k in type(self).model_fields if k != "name"}
+
+    def calls_with_spec(self) -> bool:
+        """Whether the factory takes the data's spec first (every built-in); a custom target may be
+        a library's constructor instead, called with the keyword arguments alone (``models/custom.py``)."""
+        return True
 
 
 def input_vocab(spec, vocab: int | None, model: str) -> int:
