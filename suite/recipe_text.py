@@ -37,10 +37,42 @@ def read(path: str | Path) -> dict:
     return raw
 
 
+class _Loader(yaml.SafeLoader):
+    """safe_load's loader (a tag such as !!python/object is refused) that also refuses a key
+    given twice in one mapping: PyYAML keeps the last silently, so a recipe would train with a
+    value its author may believe they changed back (or forward) further up."""
+
+    def construct_document(self, node):
+        _refuse_duplicate_keys(node, [], set())
+        return super().construct_document(node)
+
+
+def _refuse_duplicate_keys(node, path: list[str], seen: set) -> None:
+    if id(node) in seen:  # an alias: its node was checked where it was defined
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                where = ".".join([*path, key.value])
+                if key.value in lines:
+                    raise SuiteError(f"key {where} is given twice, at lines {lines[key.value]} and "
+                                     f"{key.start_mark.line + 1}; keep one of them")
+                lines[key.value] = key.start_mark.line + 1
+            _refuse_duplicate_keys(value, [*path, str(getattr(key, "value", "?"))], seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, [*path, str(i)], seen)
+
+
 def parse_yaml(text: str, what: str):
-    """Plain YAML values only (safe_load: a tag such as !!python/object is refused)."""
+    """Plain YAML values only (safe_load: a tag such as !!python/object is refused), each key
+    once per mapping."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)
+    except SuiteError as e:
+        raise SuiteError(f"{what}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -65,6 +97,8 @@ def check_name(name) -> None:
 
 
 NAME_KEYS = ("model.name", "data.name", "strategy.name")
+# Top-level keys of a study recipe (python -m suite.study), which no plain recipe has.
+STUDY_KEYS = ("profiles", "repeats", "arms", "baseline", "reference")
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -177,6 +211,10 @@ def raw_points(path: str | Path, overrides=()) -> list[dict]:
     """A recipe file with its overrides applied and its sweep expanded, not yet validated: one
     plain dict per point (``suite.recipe.load`` validates them)."""
     raw = read(path)
+    study = [k for k in STUDY_KEYS if k in raw]
+    if study:
+        raise SuiteError(f"{path} is a study (it has {', '.join(study)}), which runs its arms through suite.submit; "
+                         f"run it with python -m suite.study {path}")
     # Switching model/data/strategy by name starts that section afresh (its old keys belong to
     # the old choice); so name overrides go first and the section's other overrides apply after.
     for item in sorted(overrides, key=lambda o: o.split("=", 1)[0] not in NAME_KEYS):

@@ -33,9 +33,8 @@ from pathlib import Path
 import yaml
 
 from suite.errors import SuiteError, one_line
-from suite.recipe_text import NAME_KEYS, _flatten, apply_override, check_name, read, set_path
+from suite.recipe_text import NAME_KEYS, STUDY_KEYS, _flatten, apply_override, check_name, read, set_path
 
-STUDY_KEYS = ("profiles", "repeats", "arms", "baseline", "reference")
 DEFAULT_PROFILE = "cpu"
 
 

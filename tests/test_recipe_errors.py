@@ -112,6 +112,37 @@ def test_bad_recipe_file_is_one_line_naming_the_file(capsys, tmp_path, content, 
     assert_one_line(code, capsys.readouterr().err.strip(), *named)
 
 
+@pytest.mark.parametrize("content, named", [
+    ("name: x\ntraining:\n  epochs: 2\n  batch_size: 32\n  epochs: 5\n", "key training.epochs is given twice, at lines 3 and 5"),
+    ("name: x\nmodel: {name: mlp}\nname: y\n", "key name is given twice, at lines 1 and 3"),
+    ("name: x\nsweep:\n  training.seed: [0, 1]\n  training.seed: [2]\n", "key sweep.training.seed is given twice, at lines 3 and 4"),
+])
+def test_a_key_given_twice_is_one_line_naming_it_and_both_lines(capsys, tmp_path, content, named):
+    """PyYAML keeps the last of two equal keys silently: the recipe would train with a value its
+    author may not see."""
+    path = tmp_path / "r.yaml"
+    path.write_text(content)
+    code = submit.main([str(path), "--dry-run"])
+    assert_one_line(code, capsys.readouterr().err.strip(), "r.yaml", named)
+
+
+def test_a_merge_key_may_restate_what_it_merges(tmp_path):
+    """YAML's merge key (<<) exists to be overridden beside it: that is no key given twice."""
+    from suite import recipe_text
+
+    raw = recipe_text.parse_yaml("base: &b {epochs: 1, seed: 0}\ntraining:\n  <<: *b\n  epochs: 3\n", "recipe")
+    assert raw["training"] == {"epochs": 3, "seed": 0}
+
+
+def test_a_study_given_to_submit_names_suite_study(capsys):
+    """A study recipe is a recipe plus arms, profiles, reference, ...: submit would report its first
+    study key as an unknown recipe key; it names the command that runs studies instead."""
+    path = "recipes/studies/fashion_mnist_dp.yaml"
+    code = submit.main([path, "--dry-run"])
+    assert_one_line(code, capsys.readouterr().err.strip(), f"{path} is a study", "repeats, arms",
+                    f"python -m suite.study {path}")
+
+
 def test_a_recipe_path_that_is_a_directory_says_so(capsys):
     code = submit.main(["recipes", "--dry-run"])
     assert_one_line(code, capsys.readouterr().err.strip(), "recipe recipes is a directory")
