@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 
 from analysis import plots, render, study as studies, tables, wandb_runs
-from analysis.runs import load_all
+from analysis.runs import RECORD_FILES, find_run_dirs, load_all
 from suite.record import run_record
-from suite.errors import one_line
+from suite.errors import SuiteError, one_line
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 
@@ -103,6 +103,11 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     study = studies.load(args.study) if args.study else None
+    if not find_run_dirs(args.runs):  # an empty report would look like a comparison of nothing
+        missing = [p for p in args.runs if not Path(p).exists()]
+        where = (f"{missing[0]} does not exist" if missing else
+                 f"no run folders under {', '.join(args.runs)} (a run folder holds {', '.join(RECORD_FILES)})")
+        raise SuiteError(f"{where}; give the folder suite.submit wrote runs to (--out, default runs/) or a run folder")
     out = Path(args.out)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     runs, skipped = load_all(args.runs)

@@ -171,6 +171,21 @@ def test_mfu_cells_say_their_peak_when_a_table_mixes_sources():
     assert report.mfu_column(alike) == "MFU (vendor peak)" and alike[0]["mfu_shown"] == 0.5
 
 
+@pytest.mark.parametrize("folder", ["empty", "missing"])
+def test_a_folder_without_runs_is_one_line_and_exit_code_2(folder, tmp_path, capsys):
+    """Not an empty report that looks like a comparison of nothing: the folder given is wrong."""
+    from analysis import report as report_cli
+
+    runs = tmp_path / folder
+    if folder == "empty":
+        (runs / "not-a-run").mkdir(parents=True)
+    code = report_cli.main([str(runs), "--out", str(tmp_path / "report")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert (f"no run folders under {runs}" if folder == "empty" else f"{runs} does not exist") in err, err
+    assert "--out, default runs/" in err and not (tmp_path / "report").exists()
+
+
 def test_verdict_rule():
     assert tables.verdict("accuracy", [0.90], [0.80])[0] == "better"
     assert tables.verdict("accuracy", [0.802], [0.80])[0] == "unchanged"  # within the 0.005 floor
