@@ -159,3 +159,39 @@ def test_bad_usage_is_one_line_and_exit_2(args, says):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], proc.stderr
+
+
+class _Certificate:
+    """What suite.verify.certify returns, as far as the doctor reads it."""
+
+    def __init__(self, verdict, first_bad_step):
+        self.verdict, self.first_bad_step = verdict, first_bad_step
+
+    def lines(self):
+        return ["step  single loss", "   1  2.30  0.0e+00  ok", "   2  2.20  3.1e-02  OVER", f"verdict {self.verdict}"]
+
+
+def test_parity_differs_is_a_failed_check_naming_the_step(tmp_path):
+    asked = []
+
+    def certify(recipe, steps, out, progress):
+        asked.append((recipe.strategy.name, recipe.world_size, recipe.launch.device, steps, out))
+        return _Certificate("differs", 2) if recipe.strategy.name == "fsdp" else _Certificate("equivalent", None)
+
+    checks = []
+    parity.parity_smoke(2, 20, tmp_path, "cpu", checks.append, lambda text: None, certify=certify)
+    assert asked == [("ddp", 2, "cpu", 20, tmp_path / "ddp"), ("fsdp", 2, "cpu", 20, tmp_path / "fsdp"),
+                     ("zero", 2, "cpu", 20, tmp_path / "zero2")]
+    by_name = {c.name: c for c in checks}
+    assert by_name["parity ddp vs single x2"].status == "pass"
+    bad = by_name["parity fsdp vs single x2"]
+    assert bad.status == "fail" and "step 2  2.20  3.1e-02  OVER" in bad.detail
+    assert "a strategy bug" in bad.meaning and str(tmp_path / "fsdp") in bad.fix
+
+
+def test_parity_without_suite_verify_is_skipped_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(parity, "certify_function", lambda: None)
+    checks = []
+    parity.parity_smoke(2, 20, tmp_path, "cpu", checks.append, lambda text: None)
+    assert [(c.name, c.status) for c in checks] == [("parity", "skip")]
+    assert "suite.verify" in checks[0].detail

@@ -33,7 +33,9 @@ def certify_function():
     """``suite.verify.certify``, or None where this installation does not have it."""
     try:
         from suite.verify import certify
-    except ImportError:
+    except ModuleNotFoundError as e:
+        if e.name != "suite.verify":
+            raise  # suite.verify is there but something it imports is not: that is a finding, not a skip
         return None
     return certify
 
