@@ -195,3 +195,23 @@ def test_parity_without_suite_verify_is_skipped_and_says_so(tmp_path, monkeypatc
     parity.parity_smoke(2, 20, tmp_path, "cpu", checks.append, lambda text: None)
     assert [(c.name, c.status) for c in checks] == [("parity", "skip")]
     assert "suite.verify" in checks[0].detail
+
+
+def test_no_parity_smoke_after_the_collectives_failed(monkeypatch, capsys):
+    from suite.doctor import checkup
+
+    def broken_backend(backend, world, sizes, *, emit, **kwargs):
+        emit(Check(f"{backend} x{world} all_reduce exact", "fail", "wrong result"))
+        return {}
+
+    def parity_smoke(*args, **kwargs):
+        raise AssertionError("the parity smoke ran over collectives that had failed")
+
+    monkeypatch.setattr(collectives, "check_backend", broken_backend)
+    monkeypatch.setattr(parity, "parity_smoke", parity_smoke)
+    up = checkup.run(checkup.Plan(quick=True))
+    skipped = up.checks[-1]
+    assert (skipped.name, skipped.status) == ("parity", "skip")
+    assert "gloo x2 all_reduce exact" in skipped.detail
+    assert exit_code(up.checks) == 1
+    assert "NOT healthy" in capsys.readouterr().out.splitlines()[-1]

@@ -92,8 +92,14 @@ def run(plan: Plan) -> Checkup:
             timeout_s=plan.timeout_s, emit=up.emit, line=say, cores=cores)
 
     say("parity smoke")
-    out = plan.out or Path(tempfile.mkdtemp(prefix="scalesuite-doctor-"))
     device = "cuda" if n_gpus else "cpu"
+    backend = "nccl" if n_gpus else "gloo"
+    broken = [c.name for c in up.checks if c.status == "fail" and c.name.startswith(f"{backend} ")]
+    if broken:
+        # Its runs would fail the same way, each only after the runs' own collective timeout (300 s).
+        up.emit(Check("parity", "skip", f"not run: the {backend} collectives failed above ({', '.join(broken)})"))
+        return finish(up, started)
+    out = plan.out or Path(tempfile.mkdtemp(prefix="scalesuite-doctor-"))
     world = min(plan.ranks, n_gpus) if n_gpus else plan.ranks
     labels = parity.QUICK if plan.quick else tuple(parity.STRATEGIES)
     if plan.quick:
@@ -102,6 +108,10 @@ def run(plan: Plan) -> Checkup:
     up.facts["parity"] = {"folder": str(out), "strategies": parity.parity_smoke(
         world, plan.parity_steps, out, device, up.emit, say, labels)}
 
+    return finish(up, started)
+
+
+def finish(up: Checkup, started: float) -> Checkup:
     up.facts["took_s"] = time.monotonic() - started
     say(f"{summary_line(up.checks)} ({up.facts['took_s']:.0f} s)")
     return up
