@@ -13,7 +13,7 @@ import pytest
 import yaml
 from torch.utils.data import TensorDataset
 
-from suite.data import DATASETS
+from suite.data import DATASETS, DataSpec
 from suite.models import MODELS
 from suite.submit import cli as submit
 from tests.parity import assert_matches, make_recipe, step_losses
@@ -228,7 +228,11 @@ def takes_spec_first(spec, width=3):
     return spec
 
 
-def takes_annotated_data(d: "DataSpec", width=3):
+def takes_annotated_data(d: "DataSpec", width=3):  # as written under `from __future__ import annotations`
+    return d
+
+
+def takes_data_spec(d: DataSpec, width=3):
     return d
 
 
@@ -242,7 +246,7 @@ def test_factories_and_constructors_are_told_apart_by_the_first_parameter():
 
     from suite.factories import takes_spec
 
-    assert takes_spec(takes_spec_first) and takes_spec(takes_annotated_data)
+    assert takes_spec(takes_spec_first) and takes_spec(takes_annotated_data) and takes_spec(takes_data_spec)
     assert not takes_spec(takes_keywords) and not takes_spec(torchvision.models.resnet18)
     assert not takes_spec(nn.Linear)  # a module class: (in_features, out_features, ...)
     assert all(options().calls_with_spec() for name, (options, _) in MODELS.items() if name != "custom")
