@@ -22,7 +22,7 @@ from suite.models import MODELS
 from suite.plan import ModelInfo, Plan, build as build_plan
 from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, named_targets,  # noqa: F401
                                raw_points, read, set_path, shown)
-from suite.strategies import STRATEGIES
+from suite.strategies import STRATEGIES, keys as strategy_keys
 
 
 def _union(options_classes):
@@ -184,11 +184,13 @@ def validate(raw: dict) -> Recipe:
 
 def check(recipe: Recipe) -> None:
     """Checks that need more than one key: degrees against world size and batch divisibility
-    (the plan), then the strategy's own rules, the lr schedule's and the data options'."""
+    (the plan), then the strategy's own rules, the lr schedule's and the data options', and
+    the training and optimizer keys the strategy cannot honour (``suite.strategies.keys``)."""
     recipe.strategy.check(recipe.plan(), recipe.model_info())
     recipe.strategy.check_launch(recipe.launch)
     recipe.optimizer.schedule.check(recipe.optimizer.lr)
     recipe.data.check()
+    strategy_keys.check(recipe)  # keys outside strategy.* the strategy cannot honour (TensorFlow's)
     launch = recipe.launch
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "

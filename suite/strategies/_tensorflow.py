@@ -8,8 +8,15 @@ through the suite's readers, and hands the whole run to the strategy's ``train``
 has the fields ``suite.train.rank`` writes into ``summary.json``, so analysis/ reads these runs as
 it reads PyTorch ones. TensorFlow is imported in the rank only, never while a recipe is read.
 
-Not supported (a SuiteError says so): models other than ``mlp``, precision other than fp32,
-gradient accumulation, lr schedules, ``max_steps``, checkpoints and resuming, augmentation.
+Not supported, and refused when the recipe is validated (``TF_REFUSES``, checked by
+``suite.strategies.keys``): models other than ``mlp``, precision other than fp32, gradient
+accumulation, lr schedules, ``max_steps``, checkpoints and resuming, activation checkpointing,
+``training.compile``, augmentation, and weight decay where Keras's differs from torch's.
+``training.grad_clip_norm`` is honoured by ``tf_single`` (Keras's ``global_clipnorm``, in one
+process the norm torch clips by) and by the hand-written loop (``tf_mirrored_loop``,
+``tf_multiworker``: the norm of the gradient summed over the replicas); ``tf_mirrored`` refuses
+it, since Keras ``fit`` under a distribution strategy clips each replica's gradient before the
+replicas' are summed.
 """
 from __future__ import annotations
 
@@ -28,13 +35,40 @@ from suite.errors import SuiteError
 from suite.record import run_record
 from suite.strategies.base import StrategyOptions, refuse_world_size
 from suite.strategies.engine import Engine
+from suite.strategies.keys import Refused, check as check_keys
 
 INSTALL = 'pip install -e ".[tensorflow]"'
+
+
+def _augmenting(recipe) -> bool:
+    return getattr(getattr(recipe.data, "augment", None), "active", False)
+
+
+# What the Keras runs do not implement, refused by recipe key when the recipe is validated
+# (suite.strategies.keys); training.precision=fp64 has its own declaration (no_fp64).
+TF_REFUSES = (
+    Refused("training.precision", ("fp32",), "the Keras model trains in float32"),
+    Refused("training.grad_accumulation", (1,), "Keras steps once per batch"),
+    Refused("training.max_steps", (None,), "the Keras runs train whole epochs (set training.epochs)"),
+    Refused("training.checkpoint_every_steps", (0,), "the Keras runs save no checkpoints and cannot resume"),
+    Refused("optimizer.schedule", ({},), "the Keras optimizer keeps optimizer.lr throughout",
+            read=lambda r: r.optimizer.schedule.model_dump(exclude_defaults=True)),
+    Refused("training.activation_checkpointing", (False,), "the Keras model keeps its activations"),
+    Refused("training.compile", (False,), "torch.compile has no Keras model to compile (Keras traces its "
+            "step with tf.function anyway)"),
+    Refused("optimizer.weight_decay", (0,), "Keras Adam decays the weights apart from the gradient, torch Adam "
+            "adds the decay to it; use optimizer.name=adamw (decoupled in both)", when=lambda r: r.optimizer.name == "adam"),
+    Refused("optimizer.weight_decay", (0,), "with momentum, Keras SGD decays the weights apart from the momentum, "
+            "torch SGD adds the decay to the gradient the momentum accumulates; set optimizer.momentum=0",
+            when=lambda r: r.optimizer.name == "sgd" and r.optimizer.momentum != 0),
+    Refused("data.augment", (False,), "the Keras runs read the data set unaugmented", read=_augmenting),
+)
 
 
 class TFOptions(StrategyOptions):
     """A TensorFlow strategy: the rank hands it the run (``owns_training``)."""
     owns_training: ClassVar[bool] = True
+    refuses: ClassVar = TF_REFUSES
     one_process: ClassVar[bool] = True  # tf_multiworker: one worker per rank instead
 
     def check(self, plan, model) -> None:
@@ -55,22 +89,6 @@ class MirroredOptions(TFOptions):
 
     def mirrored(self, tf):
         return tf.distribute.MirroredStrategy()
-
-
-def refuse_unsupported(recipe) -> None:
-    """What the Keras runs do not implement, named by recipe key (checked before TF starts)."""
-    tr, opt = recipe.training, recipe.optimizer
-    bad = [("training.precision", tr.precision, tr.precision != "fp32", "fp32"),
-           ("training.grad_accumulation", tr.grad_accumulation, tr.grad_accumulation != 1, "1"),
-           ("training.max_steps", tr.max_steps, tr.max_steps is not None, "unset (use training.epochs)"),
-           ("training.checkpoint_every_steps", tr.checkpoint_every_steps, tr.checkpoint_every_steps != 0, "0"),
-           ("optimizer.schedule.name", opt.schedule.name, opt.schedule.name != "constant", "constant"),
-           ("optimizer.weight_decay", opt.weight_decay, opt.weight_decay != 0 and opt.name == "adam",
-            "0 with adam (Keras Adam's decay is decoupled; use adamw)"),
-           ("data.augment", "on", getattr(getattr(recipe.data, "augment", None), "active", False), "off")]
-    for key, value, wrong, fix in bad:
-        if wrong:
-            raise SuiteError(f"strategy.name={recipe.strategy.name} does not support {key}={value}; set it to {fix}")
 
 
 # ---- the rank's TensorFlow -----------------------------------------------------------------------
@@ -156,15 +174,33 @@ def build_model(recipe):
     return keras.Sequential(layers)
 
 
-def build_optimizer(recipe):
-    """The recipe's optimizer with torch's defaults where Keras's differ (Adam's epsilon 1e-8)."""
+def build_optimizer(recipe, clip: float | None = None):
+    """The recipe's optimizer with torch's defaults where Keras's differ (Adam's epsilon 1e-8).
+    ``clip``: Keras's ``global_clipnorm``, which scales the gradients by min(1, clip / norm) as
+    torch's clip_grad_norm_ does (without its 1e-6 in the denominator), before weight decay. It
+    norms the gradients the optimizer is given: under a distribution strategy a replica's own,
+    before the replicas' are summed, so only a run without one may pass it (``train_fit``)."""
     import keras
     o = recipe.optimizer
     if o.name == "sgd":
-        return keras.optimizers.SGD(o.lr, momentum=o.momentum, weight_decay=o.weight_decay or None)
+        return keras.optimizers.SGD(o.lr, momentum=o.momentum, weight_decay=o.weight_decay or None,
+                                    global_clipnorm=clip)
     if o.name == "adam":
-        return keras.optimizers.Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=1e-8)
-    return keras.optimizers.AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=1e-8)
+        return keras.optimizers.Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=1e-8, global_clipnorm=clip)
+    return keras.optimizers.AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=1e-8,
+                                  global_clipnorm=clip)
+
+
+def clip_to_global_norm(tf, grads, clip: float):
+    """This replica's part of the gradient, scaled so that the SUM over the replicas (what the
+    optimizer applies: it all-reduces them) has a global L2 norm of at most ``clip``. The norm is
+    the sum's, so the replicas all-reduce once more here; every replica scales its part by the
+    same factor, which scales the sum by it. The factor is Keras's ``clip_by_global_norm``'s
+    (``clip x min(1/norm, 1/clip)``), so a replicated run clips as tf_single does."""
+    summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    norm = tf.linalg.global_norm(summed)
+    scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
+    return [g * scale for g in grads]
 
 
 # ---- what the rank writes into summary.json ------------------------------------------------------
@@ -246,17 +282,20 @@ def evaluate_due(recipe, epoch: int) -> bool:
 
 # ---- the two ways to train ----------------------------------------------------------------------
 
-def _start(recipe, ctx, make_strategy, cpu_devices: int):
+def _start(recipe, ctx, make_strategy, cpu_devices: int, clip: float | None = None):
     """TensorFlow, the strategy (created first: MultiWorkerMirroredStrategy must precede any op),
-    then the seeds, then the model and optimizer inside the strategy's scope."""
+    then the seeds, then the model and optimizer (Keras clipping by ``clip``) inside the strategy's scope."""
     import torch
-    refuse_unsupported(recipe)
+    check_keys(recipe)  # as validation did: a recipe built without it still cannot run what Keras ignores
     tf = start_tf(torch.get_num_threads(), cpu_devices)
     import keras
     strategy = make_strategy(tf)
+    if clip is not None and strategy is not None:
+        raise SuiteError(f"strategy.name={recipe.strategy.name}: Keras would clip each replica's gradients, "
+                         f"not their sum's (an internal error: this recipe should have been refused)")
     keras.utils.set_random_seed(recipe.training.seed)
     with strategy.scope() if strategy else _no_scope():
-        model, optimizer = build_model(recipe), build_optimizer(recipe)
+        model, optimizer = build_model(recipe), build_optimizer(recipe, clip)
         # Its slots now, in the scope: built lazily inside a replica's tf.function step it fails.
         optimizer.build(model.trainable_variables)
     return tf, keras, strategy, model, optimizer
@@ -275,7 +314,8 @@ def train_fit(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices: 
     Keras reports each metric as its running mean over the epoch, so a step's own loss is taken
     back out of two consecutive means: (b+1)*mean_b - b*mean_(b-1), exact for equal batches up to
     float32 rounding of the means (about 1e-7 x the step index)."""
-    tf, keras, strategy, model, optimizer = _start(recipe, ctx, make_strategy, cpu_devices)
+    tf, keras, strategy, model, optimizer = _start(recipe, ctx, make_strategy, cpu_devices,
+                                                   clip=recipe.training.grad_clip_norm)
     with strategy.scope() if strategy else _no_scope():
         model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
@@ -317,12 +357,14 @@ def train_loop(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices:
     """A hand-written ``tf.function`` step under a distribution strategy: each replica computes
     its loss scaled by the global batch (``compute_average_loss``), the Keras optimizer sums the
     replicas' gradients before it steps, and ``strategy.reduce`` sums the replicas' losses into
-    the step's global mean loss (what the record needs, exactly, without running means)."""
+    the step's global mean loss (what the record needs, exactly, without running means).
+    ``training.grad_clip_norm`` clips by the norm of that sum, the whole batch's gradient, as
+    tf_single's Keras clip does (``clip_to_global_norm``)."""
     tf, keras, strategy, model, optimizer = _start(recipe, ctx, make_strategy, cpu_devices)
     train, val, steps = datasets(tf, recipe, train_set, val_set)
     run = new_run(ctx, recipe, log, TFEngine(ctx, strategy, model, optimizer, "tf.function loop"), steps)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    batch = recipe.training.batch_size
+    batch, clip = recipe.training.batch_size, recipe.training.grad_clip_norm
     total = lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
 
     def correct(logits, y):
@@ -333,6 +375,8 @@ def train_loop(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices:
             logits = model(x, training=True)
             loss = tf.nn.compute_average_loss(per_sample(y, logits), global_batch_size=batch)
         grads = tape.gradient(loss, model.trainable_variables)
+        if clip is not None:
+            grads = clip_to_global_norm(tf, grads, clip)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, correct(logits, y)
 

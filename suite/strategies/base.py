@@ -20,6 +20,10 @@ class StrategyOptions(BaseModel):
     # pool.py): what this strategy's build imports anyway, and nothing more, since a run's peak
     # memory includes its imports.
     warm_imports: ClassVar[tuple[str, ...]] = ()
+    # Recipe keys outside strategy.* this strategy cannot honour (suite.strategies.keys.Refused):
+    # refused when the recipe is validated, never silently ignored. Empty where the strategy
+    # trains through the shared loop and Setup, which honour every key.
+    refuses: ClassVar[tuple] = ()
     # Whether a rank may train the next point of a local sweep in the same process after this
     # strategy's point: only when the strategy keeps no state outside its process group and its
     # own objects (DeepSpeed and fairscale keep module-level state). Off unless a strategy says so.
