@@ -36,9 +36,15 @@ KEYS = {
     "optimizer.weight_decay=adam": {"optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.01}},
     "data.augment": {"data": {"augment": {"hflip": True}}},
 }
-# training.precision=fp64 (float64 parity certificates, suite.verify) is walked where the schema has it.
+# training.precision=fp64 and training.init_perturbation (suite.verify's float64 certificates and
+# noise floor) are walked where the schema has them.
 if "fp64" in typing.get_args(recipes.Training.model_fields["precision"].annotation):
     KEYS["training.precision=fp64"] = {"training": {"precision": "fp64"}}
+if "init_perturbation" in recipes.Training.model_fields:
+    KEYS["training.init_perturbation"] = {"training": {"init_perturbation": 1e-6}}
+# Keys that define the run itself, which every strategy reads (TensorFlow's included): not walked.
+BASIC = {"training.epochs", "training.batch_size", "training.seed", "training.eval_every_epochs",
+         "training.log_every_steps", "optimizer.name", "optimizer.lr", "optimizer.momentum", "optimizer.betas"}
 
 RAW = {
     "name": "keys",
@@ -75,6 +81,7 @@ TORCH = {
     "training.grad_clip_norm": CLIP,
     "training.precision=bf16": "tests/test_clip.py::test_deepspeed_bf16_clips_by_the_whole_models_norm",
     "training.precision=fp64": "tests/test_verify.py",  # suite.verify's float64 certificates
+    "training.init_perturbation": "tests/test_verify.py",  # the noise floor suite.verify measures
     "optimizer.schedule": SCHEDULE,
     "training.max_steps": "tests/parity.py::step_losses",  # every parity run stops at BASE's max_steps
     "training.grad_accumulation": "tests/test_data_parallel.py::test_gradient_accumulation_matches_single_process",
@@ -139,9 +146,14 @@ def recipe_for(strategy: str, change: dict) -> dict:
     return raw
 
 
-def test_the_table_covers_every_strategy():
+def test_the_table_covers_every_strategy_and_key():
+    """A new strategy, or a new training or optimizer key, fails here until it is decided above."""
     assert set(SETUPS) == set(STRATEGIES), set(STRATEGIES) ^ set(SETUPS)
     assert set(DECISIONS) | REFUSED_ALTOGETHER == set(STRATEGIES)
+    fields = {f"training.{k}" for k in recipes.Training.model_fields} | {
+        f"optimizer.{k}" for k in recipes.Optimizer.model_fields}
+    walked = {key.split("=")[0] for key in KEYS}
+    assert fields - walked - BASIC == set() and BASIC <= fields, fields - walked - BASIC
 
 
 @pytest.mark.parametrize("strategy", sorted(REFUSED_ALTOGETHER))

@@ -62,6 +62,8 @@ TF_REFUSES = (
             "torch SGD adds the decay to the gradient the momentum accumulates; set optimizer.momentum=0",
             when=lambda r: r.optimizer.name == "sgd" and r.optimizer.momentum != 0),
     Refused("data.augment", (False,), "the Keras runs read the data set unaugmented", read=_augmenting),
+    Refused("training.init_perturbation", (0,), "Keras initialises the Keras model; the suite's nudge of the "
+            "initial weights acts on torch models", read=lambda r: getattr(r.training, "init_perturbation", 0)),
 )
 
 
