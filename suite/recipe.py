@@ -49,7 +49,9 @@ class Training(Strict):
     batch_size: PositiveInt = 64  # global: samples per optimizer step, summed over data-parallel ranks
     grad_accumulation: PositiveInt = 1  # forward/backward passes per optimizer step on each rank
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # what torch.manual_seed takes
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # fp64: float64 parameters, inputs and arithmetic, for parity checks that rounding order
+    # cannot decide (suite.verify, tests); not a training mode for speed
+    precision: Literal["fp32", "bf16", "fp16", "fp64"] = "fp32"
     activation_checkpointing: bool = False  # recompute each top-level block's activations in backward
     compile: bool = False  # torch.compile each top-level block (needs a C++ compiler on CPU)
     # Batch norm over the global batch under data parallelism, as single computes it (else per rank)
@@ -60,6 +62,10 @@ class Training(Strict):
     eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
     log_every_steps: PositiveInt = 10
     checkpoint_every_steps: NonNegativeInt = 0  # 0: only when preempted or timed out
+    # Each initial weight times (1 + this x a seeded standard normal draw): a run one rounding
+    # error away from the unperturbed one, whose distance from it over the steps is the noise
+    # floor suite.verify judges a strategy against. 0: the weights as the seed makes them.
+    init_perturbation: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
 
 
 class Launch(Strict):
@@ -107,7 +113,7 @@ class Tracking(Strict):
 # before it came); runs of a batch-norm model under data parallelism recorded before it normalised
 # per rank, and would now group with synced runs.
 _LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"),
-               ("training", "grad_clip_norm"), ("strategy", "transport"))
+               ("training", "grad_clip_norm"), ("strategy", "transport"), ("training", "init_perturbation"))
 
 
 class Recipe(Strict):
@@ -188,6 +194,9 @@ def check(recipe: Recipe) -> None:
     the training and optimizer keys the strategy cannot honour (``suite.strategies.keys``)."""
     recipe.strategy.check(recipe.plan(), recipe.model_info())
     recipe.strategy.check_launch(recipe.launch)
+    if recipe.training.precision == "fp64" and recipe.strategy.no_fp64:
+        raise SuiteError(f"training.precision=fp64 with strategy {recipe.strategy.name}: {recipe.strategy.no_fp64}; "
+                         f"use training.precision=fp32")
     recipe.optimizer.schedule.check(recipe.optimizer.lr)
     recipe.data.check()
     strategy_keys.check(recipe)  # keys outside strategy.* the strategy cannot honour (TensorFlow's)

@@ -24,7 +24,7 @@ class Task:
 
     def loss(self, output, inputs, targets) -> torch.Tensor:
         if self.kind == "reconstruction":
-            return F.mse_loss(output.float(), inputs)
+            return F.mse_loss(_upcast(output), inputs)
         if self.kind == "language":
             # Each sequence weighs the same: the mean over sequences of each one's mean token loss.
             # A mean over samples is what data-parallel ranks can average (equal shards) and
@@ -34,7 +34,7 @@ class Task:
             return (losses.sum(1) / scored.sum(1).clamp(min=1)).mean()
         # classification: (batch, classes) vs (batch,); segmentation: (batch, classes, H, W) vs
         # (batch, H, W), the mean over every pixel.
-        return F.cross_entropy(output.float(), targets)
+        return F.cross_entropy(_upcast(output), targets)
 
     def predicted(self, output) -> torch.Tensor:
         """Class ids: the argmax over the class dimension (dim 1 for segmentation maps)."""
@@ -65,7 +65,7 @@ class Task:
             right = (output.argmax(-1) == targets).float() * scored
             return torch.stack([losses.sum(), right.sum(), scored.sum()])
         count = len(inputs)
-        loss_sum = self.loss(output, inputs, targets).float() * count
+        loss_sum = _upcast(self.loss(output, inputs, targets)) * count
         count_t = torch.tensor(float(count), device=output.device)
         sums = torch.stack([loss_sum, self.correct(output, targets), count_t])
         if self.kind != "segmentation":
@@ -85,7 +85,12 @@ class Task:
         return {"val_miou": metrics.mean_iou(sums[3:3 + c], sums[3 + c:3 + 2 * c])}
 
 
+def _upcast(output: torch.Tensor) -> torch.Tensor:
+    """Losses in at least float32 (autocast's bf16/fp16 outputs go up); float64 (fp64) stays."""
+    return output if output.dtype in (torch.float32, torch.float64) else output.float()
+
+
 def _token_losses(output, targets):
     """(per-token losses, 1.0 where scored), both (batch, length); unscored tokens lose 0."""
-    losses = F.cross_entropy(output.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    losses = F.cross_entropy(_upcast(output).flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none")
     return losses.view(targets.shape), (targets != IGNORE).float()

@@ -37,7 +37,7 @@ import torch
 
 from suite.record import flops
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 SIZES = (256, 512, 1024, 2048, 4096)  # square matmul sides tried, each double the last
 TARGET_S = 0.2  # largest size whose one matmul is predicted to take at most this: near peak, total ~1 s at most
 REPEATS = 3  # best of at least this many: a late thread wake-up or a neighbour's burst only lowers one

@@ -71,6 +71,7 @@ class TFOptions(StrategyOptions):
     """A TensorFlow strategy: the rank hands it the run (``owns_training``)."""
     owns_training: ClassVar[bool] = True
     refuses: ClassVar = TF_REFUSES
+    no_fp64: ClassVar[str] = "TensorFlow's strategies train the Keras model in float32"
     one_process: ClassVar[bool] = True  # tf_multiworker: one worker per rank instead
 
     def check(self, plan, model) -> None:

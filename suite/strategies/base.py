@@ -31,6 +31,12 @@ class StrategyOptions(BaseModel):
     # Whether the strategy trains in its own loop: the rank then hands it the whole run (its
     # module's ``train``; TensorFlow's strategies) instead of driving an engine through StepLoop.
     owns_training: ClassVar[bool] = False
+    # Why the strategy cannot train in float64 (training.precision=fp64), or "" where it can:
+    # the recipe check refuses fp64 with this reason, and suite.verify falls back to float32.
+    no_fp64: ClassVar[str] = ""
+    # Why the strategy's losses are not meant to equal single's (asynchronous updates), or ""
+    # where they are: suite.verify refuses to certify such a strategy with this reason.
+    no_parity: ClassVar[str] = ""
 
     def mesh_axes(self) -> list[Axis]:
         """The mesh axes and their degrees (None: filled from the world size). Plain data

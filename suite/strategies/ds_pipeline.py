@@ -24,6 +24,7 @@ from suite.strategies.base import StrategyOptions
 class Options(StrategyOptions):
     name: Literal["ds_pipeline"] = "ds_pipeline"
     warm_imports: ClassVar = ("deepspeed",)
+    no_fp64: ClassVar = "DeepSpeed's engine reduces only fp16, bf16 and fp32 gradients"
     stages: PositiveInt = 2
     micro_batches: PositiveInt = 4  # per rank and optimizer step: DeepSpeed's gradient_accumulation_steps
     partition: Literal["parameters", "uniform"] = "parameters"  # balance stages by parameters or by blocks
@@ -112,7 +113,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         self.ds.train_batch(self._batches(inputs, targets, self.micro_batches))
         if not self.last_stage:
             return StepResult(loss=None, samples=0, grad_norm=self.grad_norm())
-        return StepResult(loss=ds_compat.replica_loss(self.ds).float(), samples=len(inputs), correct=self._correct,
+        return StepResult(loss=ds_compat.replica_loss(self.ds).double(), samples=len(inputs), correct=self._correct,
                           grad_norm=self.grad_norm())
 
     @torch.no_grad()

@@ -79,14 +79,15 @@ class Setup:
 
 class StepSums:
     """A step's loss (each pass's mean loss over the passes: the mean over the rank's batch)
-    and correct count, summed over its accumulation passes without leaving the device."""
+    and correct count, summed over its accumulation passes without leaving the device; in
+    float64, so an fp64 run's loss keeps its digits (and an fp32 one loses none in the sum)."""
 
     def __init__(self, device: torch.device):
-        self.loss = torch.zeros((), device=device)
-        self.correct = torch.zeros((), device=device)
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.float64, device=device)
 
     def add(self, loss: torch.Tensor, correct: torch.Tensor, passes: int) -> None:
-        self.loss += loss.detach().float() / passes
+        self.loss += loss.detach().double() / passes
         self.correct += correct
 
     def result(self, samples: int, grad_norm: Optional[torch.Tensor] = None) -> StepResult:

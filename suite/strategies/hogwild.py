@@ -28,6 +28,7 @@ _ALIGN_BYTES = 64  # each tensor starts on a cache line: no two tensors share on
 class Options(StrategyOptions):
     name: Literal["hogwild"] = "hogwild"
     reusable_process: ClassVar = True  # the shared segment belongs to the engine's tensors alone
+    no_parity: ClassVar = "hogwild's ranks update shared weights without locks, asynchronously"
 
     def check_launch(self, launch) -> None:
         if launch.nodes != 1:

@@ -38,6 +38,7 @@ class Options(StrategyOptions):
     name: Literal["param_server"] = "param_server"
     staleness: int = 1  # a worker pulls at least every N of its steps; the server's bound is N x world
     warm_imports: ClassVar = ("torch.distributed.rpc",)
+    no_parity: ClassVar = "param_server's workers push gradients computed on stale weights, asynchronously"
 
     def check(self, plan, model) -> None:
         if self.staleness < 1:

@@ -105,7 +105,7 @@ class PipelineStageEngine(ModuleEngine):
         self.zero_grad()
         if not stage.is_last:
             return StepResult(loss=None, samples=0, grad_norm=grad_norm)
-        loss = torch.stack([l.detach().float() for l in losses]).mean()  # equal micro-batches
+        loss = torch.stack([l.detach().double() for l in losses]).mean()  # equal micro-batches
         return StepResult(loss=loss, samples=len(inputs), correct=self.setup.task.correct(output, targets),
                           grad_norm=grad_norm)
 
@@ -134,7 +134,8 @@ class PipelineStageEngine(ModuleEngine):
         return dist.get_global_rank(self.pp_group, stage_index)
 
     def _send(self, tensor, stage_index):
-        tensor = tensor.detach().float().contiguous()
+        # the activations' dtype is the default one on both sides: float32, or float64 under fp64
+        tensor = tensor.detach().to(torch.get_default_dtype()).contiguous()
         header = torch.zeros(9, dtype=torch.int64, device=tensor.device)
         header[0] = tensor.dim()
         header[1:1 + tensor.dim()] = torch.tensor(tensor.shape)
@@ -145,7 +146,7 @@ class PipelineStageEngine(ModuleEngine):
         header = torch.zeros(9, dtype=torch.int64, device=self.setup.ctx.device)
         dist.recv(header, self._peer(stage_index), group=self.pp_group)
         shape = header[1:1 + int(header[0])].tolist()
-        tensor = torch.empty(shape, dtype=torch.float32, device=self.setup.ctx.device)
+        tensor = torch.empty(shape, dtype=torch.get_default_dtype(), device=self.setup.ctx.device)
         dist.recv(tensor, self._peer(stage_index), group=self.pp_group)
         return tensor
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import types
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -84,9 +84,35 @@ def require_compiler(device_type: str) -> None:
 
 
 def autocast(precision: str, device: torch.device):
-    """The context a forward pass runs in: plain fp32, or autocast to bf16/fp16 (parameters
-    stay fp32). DeepSpeed's engines and FSDP's ``mixed_precision`` cast by themselves instead."""
-    if precision == "fp32":
+    """The context a forward pass runs in: plain fp32 (or fp64), or autocast to bf16/fp16
+    (parameters stay fp32). DeepSpeed's engines and FSDP's ``mixed_precision`` cast by themselves instead."""
+    if precision in ("fp32", "fp64"):
         return nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def input_dtype(precision: str):
+    """The dtype floating-point inputs are cast to before a step: float64 under ``fp64``, else
+    None (inputs keep the data set's dtype; autocast casts inside the forward pass)."""
+    return torch.float64 if precision == "fp64" else None
+
+
+@contextmanager
+def default_dtype(precision: str):
+    """``training.precision: fp64``: parameters, buffers and every tensor the model or the data
+    creates without naming a dtype are float64 while the rank builds and trains, as if the model
+    had been written in float64. Restored afterwards: a warm rank's next sweep point starts from
+    float32 (the default dtype is one per process). Why float64 at all: rounding differences are
+    then ~1e-16 relative, so a strategy that computes the same function as ``single`` matches it
+    to ~1e-10 over tens of steps whatever the CPU's vector kernels or thread count, while a bug
+    (a missing average, a skipped shard) shows at 1e-3 or more (``suite.verify``)."""
+    if precision != "fp64":
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)

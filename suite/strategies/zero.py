@@ -22,6 +22,8 @@ from suite.strategies.base import StrategyOptions
 class Options(StrategyOptions):
     name: Literal["zero"] = "zero"
     warm_imports: ClassVar = ("deepspeed",)
+    no_fp64: ClassVar = ("DeepSpeed's ZeRO optimizer keeps float32 master copies of the parameters and reduces "
+                         "gradients in float32 at most (its communication_data_type)")
     stage: Literal[0, 1, 2, 3] = 2
     offload_optimizer: bool = False  # optimizer state and step on the CPU (stages 1-3)
     offload_parameters: bool = False  # parameters on the CPU between uses (stage 3 only)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from suite.record import metrics, run_record
 from suite.record.allocated import STEPS as allocated_steps
+from suite.strategies import prepare
 from suite.train import checkpoint, stop
 
 
@@ -25,6 +26,8 @@ class StepLoop:
         # step -> lr (suite.lr_schedule): a function of the step alone, so a resumed run goes on
         # with the same lrs without any schedule state in the checkpoint; None leaves the lr alone.
         self.lr_at = lr_at
+        # fp64: float inputs cast to float64 (an evaluation-only loop may have no training section)
+        self._input_dtype = prepare.input_dtype(getattr(training, "precision", "fp32"))
         self.step = 0
         self.step_times_s: list[float] = []
         self.train_time_s = 0.0
@@ -36,6 +39,11 @@ class StepLoop:
         self._partial = _EpochSums()
         self._pending = []
         self._saved_step = 0
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self._input_dtype is not None and t.is_floating_point():
+            return t.to(self.ctx.device, dtype=self._input_dtype, non_blocking=True)
+        return t.to(self.ctx.device, non_blocking=True)
 
     # ---- resuming -------------------------------------------------------------------------
     _STATE = ("step", "step_times_s", "train_time_s", "samples", "epochs", "attempts",
@@ -85,8 +93,7 @@ class StepLoop:
         for i, (inputs, targets) in enumerate(loader):
             if i < self._batch:  # resumed mid-epoch: the sampler's order is the same, skip what was done
                 continue
-            inputs = inputs.to(self.ctx.device, non_blocking=True)
-            targets = targets.to(self.ctx.device, non_blocking=True)
+            inputs, targets = self._to_device(inputs), self._to_device(targets)
             if self.lr_at:
                 self.engine.set_lr(self.lr_at(self.step))
             with metrics.Stopwatch(self.ctx) as watch:
@@ -133,16 +140,18 @@ class StepLoop:
         same step."""
         if not self._pending:
             return
-        zero = torch.zeros((), device=self.ctx.device)
+        # float64: an fp64 run's losses keep their digits; sample and correct counts stay exact
+        f64 = {"dtype": torch.float64, "device": self.ctx.device}
+        zero = torch.zeros((), **f64)
         rows = []
         for _, _, r, _ in self._pending:
             has = r.loss is not None and r.samples > 0
             rows.append(torch.stack([
-                (r.loss.detach().float() * r.samples) if has else zero,
-                torch.tensor(float(r.samples if has else 0), device=self.ctx.device),
-                r.correct.detach().float() if (has and r.correct is not None) else zero,
+                (r.loss.detach().double() * r.samples) if has else zero,
+                torch.tensor(float(r.samples if has else 0), **f64),
+                r.correct.detach().double() if (has and r.correct is not None) else zero,
             ]))
-        requests = torch.tensor([[*stop.requests(), 0.0]], device=self.ctx.device)  # summed: any rank's
+        requests = torch.tensor([[*stop.requests(), 0.0]], **f64)  # summed: any rank's
         table = torch.cat([torch.stack(rows), requests])
         local = table.clone()
         if self.ctx.world_size > 1:
@@ -182,7 +191,7 @@ class StepLoop:
             # float64: segmentation adds per-class pixel counts (Task.evaluate), beyond float32's exact range.
             sums = torch.zeros(self.task.eval_size, dtype=torch.float64, device=ctx.device)
             for inputs, targets in loader:
-                part = self.engine.eval_step(inputs.to(ctx.device), targets.to(ctx.device))
+                part = self.engine.eval_step(self._to_device(inputs), self._to_device(targets))
                 if part is not None:
                     sums += part
             if ctx.world_size > 1:

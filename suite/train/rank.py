@@ -22,6 +22,7 @@ from suite.models.task import Task
 from suite.record import metrics, run_record, wandb_export
 from suite.record.allocated import AllocatedPeak
 from suite.record.tracking import RankLog
+from suite.strategies import prepare
 from suite.strategies.engine import Setup
 from suite.train import checkpoint, dist as sdist, stop
 from suite.train.loop import StepLoop
@@ -89,7 +90,10 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
 
     def model_factory():
         torch.manual_seed(tr.seed)  # every rank and the baseline start from the same weights
-        return build_model(recipe.model, spec)
+        model = build_model(recipe.model, spec)
+        if tr.init_perturbation:
+            _perturb(model, tr.init_perturbation, tr.seed)
+        return model
 
     def make_optimizer(params):
         if opt.name == "sgd":
@@ -104,6 +108,18 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
                  run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
 
+@torch.no_grad()
+def _perturb(model, scale: float, seed: int) -> None:
+    """training.init_perturbation: every floating parameter times (1 + scale x a standard normal
+    draw), from a generator of its own (seeded apart from the weights'), so the weights, the data
+    order and everything else draw as in the unperturbed run."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    for p in model.parameters():
+        if p.is_floating_point() and p.device.type != "meta":
+            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+            p.mul_(1 + scale * noise.to(p.device))
+
+
 def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     tr = recipe.training
     if ctx.is_main:
@@ -111,7 +127,7 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
         run_record.update_summary(run_dir, status="running", name=recipe.name, started_at=time.time(),
                                   error=None, failed_rank=None)
     torch.manual_seed(tr.seed)
-    train_set, val_set = recipe.data.load()
+    train_set, val_set = recipe.data.load()  # float32 (or token ids) whatever the precision
     if recipe.strategy.owns_training:
         return _train_own_loop(recipe, ctx, run_dir, train_set, val_set)
     setup = make_setup(recipe, ctx, run_dir)
@@ -119,7 +135,8 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     allocated = AllocatedPeak(ctx.device, compiled=bool(tr.compile))
     allocated.start()
     try:
-        _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated)
+        with prepare.default_dtype(tr.precision):  # fp64: the model in float64; the loop casts the inputs
+            _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated)
     finally:
         allocated.stop()  # also on failure: the sampling never outlives training
 
