@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py and sectio
 
 from common import ROOT, Bench, machine  # noqa: E402
 
-SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "plan"]
+SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "batchnorm", "plan"]
 
 
 def parse_args(argv):

@@ -13,16 +13,28 @@ expected input tensor to be on GPU") and ``DistributedDataParallel`` refuses any
 a ``SyncBatchNorm`` on CPU ("SyncBatchNorm layers only work with GPU modules"). So on CPU each
 ``BatchNorm1d/2d/3d`` keeps its class, parameters, buffers and ``state_dict`` keys and gets a
 synced ``forward`` (set on the instance, as activation checkpointing does): an autograd
-function whose forward all-reduces the statistics and whose backward all-reduces each channel's
-sum of output gradients and their dot product with the centred input, the two sums the input
-gradient needs over the global batch (torch's SyncBatchNorm's reference math,
-torch/nn/modules/_functions.py). Its float32 arithmetic copies torch's CPU kernel's rounding
-(see below why that is needed). In eval the layer is unchanged (running statistics, no
-communication).
+function built from torch's own native CPU kernels, so it runs at about native speed
+(benchmarks/sections/batchnorm.py):
+
+- forward: each rank's per-channel mean and biased variance (``torch.batch_norm_update_stats``,
+  the native kernel's statistics pass; ``torch.var_mean`` over dims (0, 2, 3) is 4x slower), one
+  all-gather of (count, mean, variance) over the group, combined exactly (Chan's parallel
+  formula: no E[x^2] - E[x]^2 cancellation), then the output through native batch norm in eval
+  form with those global statistics;
+- backward: each rank's per-channel sums of dy and of dy * x_hat in one native pass
+  (``native_batch_norm_backward`` in eval form returns exactly these as its weight and bias
+  gradients), one all-reduce of them, then grad_x = w * invstd * (dy - sum(dy) / N - x_hat *
+  sum(dy * x_hat) / N), torch's SyncBatchNorm's math (torch/nn/modules/_functions.py), as one
+  native per-channel multiply-add of x and one in-place multiply-add of dy.
+
+It computes what one batch norm computes on the whole batch, up to rounding order: nothing here
+copies a kernel's summation order, so in float32 the bits may differ from native batch norm's
+(as they differ between CPUs with other vector widths). Parity with ``single`` is therefore
+tested in float64 (``training.precision=fp64``), where rounding cannot decide it. In eval the
+layer is unchanged (running statistics, no communication).
 """
 from __future__ import annotations
 
-import math
 import types
 
 import torch
@@ -54,53 +66,30 @@ def _synced_forward(self, x: torch.Tensor) -> torch.Tensor:
         return type(self).forward(self, x)  # the class's own: running statistics
     x = x.contiguous()
     with torch.no_grad():
-        mean, invstd, var_sum, n = _global_statistics(x, self.synced_over, self.eps)
+        mean, var, n = _global_statistics(x, self.synced_over)
         if self.track_running_stats:
-            _update_running_stats(self, mean, var_sum, n)
-    return _SyncedBatchNorm.apply(x, self.weight, self.bias, mean, invstd, n, self.synced_over)
+            _update_running_stats(self, mean, var, n)
+    return _SyncedBatchNorm.apply(x, self.weight, self.bias, mean, var, n, self.eps, self.synced_over)
 
 
-# Why the arithmetic below copies torch's CPU batch-norm kernels (aten/src/ATen/native/cpu/
-# batch_norm_kernel.cpp) operation for operation: MobileNetV2 (ReLU6) and ResNet-18 with 8-sample
-# accumulation passes are so sensitive that ANY float32 rounding difference grows, within 3-6 SGD
-# steps, to loss differences of 1e-4..3e-2 (measured: native batch norm against the same math in
-# another rounding order, both in ONE process on the same samples; in float64 the synced runs
-# equal single within 1e-11). A value that lands on the other side of a ReLU6 edge moves a whole
-# gradient element. So the synced layer computes the bits native batch norm computes (checked on
-# one rank for feature planes of 2x2 and more, tests/test_batchnorm.py; planes of one element,
-# BatchNorm1d on (N, C), go another kernel path and agree to rounding only):
-# - forward statistics: float64 sums of the float32 inputs and of the float32 squared deviations,
-#   each rounded to float32 once (the all-reduce adds float64 partial sums: the float32 result is
-#   the same whatever the split over ranks, but for a 1-in-10^8 rounding tie);
-# - output x * alpha + beta with alpha = invstd * weight, beta = bias - mean * alpha, both fused
-#   multiply-adds, as the compiled kernel does (float64 here: the float32 product is exact in it);
-# - backward: per sample and channel, a float32 sum over the feature plane in the order of the
-#   kernel's 8-lane AVX2 reduction (``_plane_sums``), those summed in float64 over samples and
-#   then over ranks; grad_input = ((dy - sum_dy / N) - (x - mean) * k) * invstd * weight with the
-#   inner multiply-add fused, k = dotp * invstd^2 / N in float32.
-# On other CPUs (AVX-512, ARM) the lane order differs: the math stays exact, only the bits may not.
-# This removes batch norm's share of the float32 differences, not the convolutions' (oneDNN rounds
-# some per-sample outputs by batch size): tests/test_vision.py says where those still show.
-LANES = 8
-
-
-def _global_statistics(x: torch.Tensor, group, eps: float):
-    """(mean, invstd, sum of squared deviations, count) per channel over the group, as float32
-    values rounded as torch's kernel rounds them."""
-    channels = x.shape[1]
-    dims = [0, *range(2, x.dim())]
-    count = x.new_full((1,), x.numel() // channels, dtype=torch.float64)
-    total = torch.cat([x.sum(dims, dtype=torch.float64), count])
-    dist.all_reduce(total, group=group)
-    n = int(total[-1].item())
+def _global_statistics(x: torch.Tensor, group):
+    """(mean, biased variance, count) per channel over the group's samples, in the statistics'
+    dtype (float32 for float32 and lower, float64 for float64). One all-gather of each rank's
+    (count, mean, variance), combined in float64: count-weighted mean, and the sum of squared
+    deviations as each rank's own plus its count times its mean's squared distance from the
+    global one."""
+    mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)  # native kernel; no running stats given
+    count = x.numel() // x.shape[1]
+    mine = torch.cat([mean.new_full((1,), count), mean, var]).double()
+    parts = mine.new_empty(dist.get_world_size(group) * mine.numel())
+    dist.all_gather_single(parts, mine, group=group)
+    parts = parts.view(-1, mine.numel())
+    counts, means, variances = parts[:, :1], parts[:, 1:1 + x.shape[1]], parts[:, 1 + x.shape[1]:]
+    n = counts.sum()
+    global_mean = (counts * means).sum(0) / n
+    squares = (counts * (variances + (means - global_mean) ** 2)).sum(0)
     dtype = _stat_dtype(x)
-    mean = (total[:channels] / n).to(dtype)
-    centred = x - mean.view(_shape(x))
-    var_sum = (centred * centred).sum(dims, dtype=torch.float64)
-    dist.all_reduce(var_sum, group=group)
-    var_sum = var_sum.to(dtype)
-    invstd = torch.rsqrt((var_sum / n).double() + eps).to(dtype)  # biased variance, as batch norm
-    return mean, invstd, var_sum, n
+    return global_mean.to(dtype), (squares / n).to(dtype), int(n.item())
 
 
 class _SyncedBatchNorm(torch.autograd.Function):
@@ -109,66 +98,35 @@ class _SyncedBatchNorm(torch.autograd.Function):
     stay this rank's own: the data-parallel wrapper averages them like any other gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mean, invstd, n, group):
-        shape = _shape(x)
-        alpha = invstd * weight if weight is not None else invstd
-        b = bias.double() if bias is not None else 0.0
-        beta = (b - mean.double() * alpha.double()).to(mean.dtype)
-        out = (x.double() * alpha.double().view(shape) + beta.double().view(shape)).to(x.dtype)
-        ctx.save_for_backward(x, weight, mean, invstd)
-        ctx.n, ctx.group = n, group
-        return out
+    def forward(ctx, x, weight, bias, mean, var, n, eps, group):
+        ctx.save_for_backward(x, weight, mean, var)
+        ctx.n, ctx.eps, ctx.group = n, eps, group
+        return torch.batch_norm(x, weight, bias, mean, var, False, 0.0, eps, False)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, invstd = ctx.saved_tensors
-        n, shape, channels = ctx.n, _shape(x), x.shape[1]
+        x, weight, mean, var = ctx.saved_tensors
         dy = dy.contiguous()
-        centred = x - mean.view(shape)
-        sums = _plane_sums(dy, centred).double().sum(0)
-        local = sums.clone()
+        # Eval-form backward: its "weight gradient" is sum(dy * x_hat) and its "bias gradient"
+        # sum(dy), per channel over this rank's samples, in one native pass.
+        _, dotp, sum_dy = torch.ops.aten.native_batch_norm_backward(
+            dy, x, None, mean, var, None, None, False, ctx.eps, [False, True, True])
+        sums = torch.cat([sum_dy, dotp]).double()
         dist.all_reduce(sums, group=ctx.group)
-        sum_dy, dotp = sums[:channels], sums[channels:]
-        dtype = invstd.dtype
-        k = dotp.to(dtype) * invstd * invstd / n
-        grad_mean = (sum_dy / n).to(dtype)
-        w = weight if weight is not None else torch.ones_like(invstd)
-        inner = (dy - grad_mean.view(shape)).double() - centred.double() * k.double().view(shape)
-        grad_x = (inner.to(dtype) * invstd.view(shape) * w.view(shape)).to(x.dtype)
-        grad_w = (local[channels:] * invstd.double()).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-        grad_b = local[:channels].to(dtype) if ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b, None, None, None, None
-
-
-def _plane_sums(dy: torch.Tensor, centred: torch.Tensor) -> torch.Tensor:
-    """Per sample, the float32 sums over each channel's feature plane of ``dy`` (channels 0..C-1
-    of the result) and of ``centred * dy`` (C..2C-1), in the order of torch's vectorised CPU
-    reduction: 8 lane-wise running sums (the last, partial block into the first lanes, its
-    products fused into the sums), then halves added pairwise. Both in one loop over the blocks."""
-    samples, channels, size = dy.shape[0], dy.shape[1], math.prod(dy.shape[2:])
-    dy, centred = dy.reshape(samples, channels, size), centred.reshape(samples, channels, size)
-    terms = torch.cat([dy, centred * dy], dim=1)
-    if size < LANES:  # the kernel adds these few one by one (products unfused)
-        acc = terms[..., 0]
-        for i in range(1, size):
-            acc = acc + terms[..., i]
-        return acc
-    full = size - size % LANES
-    blocks = terms[..., :full].reshape(samples, 2 * channels, full // LANES, LANES).unbind(2)
-    acc = blocks[0]
-    for block in blocks[1:]:
-        acc = acc + block
-    rest = size - full
-    if rest:
-        acc = acc.clone()
-        tail = slice(full, size)
-        acc[:, :channels, :rest] += dy[..., tail]
-        acc[:, channels:, :rest] = (acc[:, channels:, :rest].double()
-                                    + centred[..., tail].double() * dy[..., tail].double()).to(acc.dtype)
-    while acc.shape[-1] > 1:
-        half = acc.shape[-1] // 2
-        acc = acc[..., :half] + acc[..., half:]
-    return acc[..., 0]
+        channels, n = x.shape[1], ctx.n
+        total_dy, total_dotp = sums[:channels], sums[channels:]
+        invstd = torch.rsqrt(var.double() + ctx.eps)
+        a = invstd * weight.double() if weight is not None else invstd  # grad_x = a*dy + b*x + c
+        b = -a * invstd * total_dotp / n
+        c = -a * total_dy / n - b * mean.double()
+        # b*x + c through the native eval-form kernel (mean 0, variance 1, eps 0: x_hat is x
+        # exactly), a fused per-channel multiply-add; then + a*dy in place.
+        zeros, ones = torch.zeros_like(var), torch.ones_like(var)
+        grad_x = torch.batch_norm(x, b.to(var.dtype), c.to(var.dtype), zeros, ones, False, 0.0, 0.0, False)
+        grad_x.addcmul_(dy, a.to(x.dtype).view([1, channels] + [1] * (x.dim() - 2)))
+        grad_w = dotp if ctx.needs_input_grad[1] else None  # this rank's own sums: see the class docstring
+        grad_b = sum_dy if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
@@ -176,17 +134,13 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _shape(x: torch.Tensor) -> list[int]:
-    return [1, x.shape[1]] + [1] * (x.dim() - 2)
-
-
 @torch.no_grad()
-def _update_running_stats(layer, mean, var_sum, n) -> None:
+def _update_running_stats(layer, mean, var, n) -> None:
     # As F.batch_norm: an exponential average (cumulative when momentum is None) of the mean
-    # and of the unbiased variance, in float32 as its kernel computes the mean's.
+    # and of the unbiased variance.
     layer.num_batches_tracked.add_(1)
     factor = layer.momentum if layer.momentum is not None else 1.0 / layer.num_batches_tracked.item()
-    unbiased = var_sum / max(n - 1, 1)
+    unbiased = var * (n / max(n - 1, 1))
     layer.running_mean.copy_(factor * mean + (1 - factor) * layer.running_mean)
     layer.running_var.copy_(factor * unbiased + (1 - factor) * layer.running_var)
 
