@@ -13,7 +13,8 @@ def parameter_count(recipe) -> int:
 def predicted_held_bytes(recipe) -> dict:
     """{"total": {...}, "per_rank": {...}} in bytes of parameters, gradients, optimizer_state."""
     n = parameter_count(recipe)
-    element = 4  # fp32 master weights; bf16 autocast keeps fp32 parameters
+    # fp32 master weights (bf16 autocast keeps fp32 parameters); fp64 trains in float64
+    element = 8 if recipe.training.precision == "fp64" else 4
     states = _STATE_PER_PARAM[recipe.optimizer.name](recipe.optimizer)
     total = {"parameters": n * element, "gradients": n * element, "optimizer_state": n * element * states}
     return {"parameters_count": n, "total": total,

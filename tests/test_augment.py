@@ -8,7 +8,7 @@ from torch.utils.data import TensorDataset
 
 from suite.data import DATASETS
 from suite.data.augment import Augment, AugmentedSet, crop_flip, draws
-from tests.parity import BASE, TOLERANCE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, FP32_TOLERANCE, assert_matches, make_recipe, step_losses
 from tests.test_recipe_errors import assert_one_line, run_cli
 
 # 2 epochs of 4 steps: the second epoch draws new crops and flips.
@@ -75,7 +75,7 @@ def augmented_single(tmp_path_factory):
 
 def test_augmentation_changes_what_single_trains_on(augmented_single, tmp_path):
     plain = step_losses(make_recipe({"name": "single"}, data={**AUGMENTED, "augment": {}}, training=TWO_EPOCHS), tmp_path)
-    assert max(abs(a - b) for a, b in zip(augmented_single, plain)) > 100 * TOLERANCE
+    assert max(abs(a - b) for a, b in zip(augmented_single, plain)) > 100 * FP32_TOLERANCE
 
 
 def test_ddp_with_augmentation_matches_single_process(augmented_single, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from suite.errors import SuiteError
 from suite.record.run_record import read_json, read_metrics
 from suite.strategies import _deepspeed
-from tests.parity import BASE, TOLERANCE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, FP32_TOLERANCE, assert_matches, make_recipe, step_losses, tolerance
 
 _deepspeed.preload()  # once here, not once per forked rank
 
@@ -21,16 +21,42 @@ def clipped(clip=CLIP, **changes) -> dict:
     return {"training": {**BASE["training"], "grad_clip_norm": clip, **changes}}
 
 
-def run(strategy: dict, run_dir: Path, world_size: int = 1, **sections):
+def run(strategy: dict, run_dir: Path, world_size: int = 1, precision=None, **sections):
     """(per-step global losses, per-step grad_norm as rank 0 records it)."""
-    losses = step_losses(make_recipe(strategy, world_size=world_size, **sections), run_dir)
+    losses = step_losses(make_recipe(strategy, world_size=world_size, precision=precision, **sections), run_dir)
     steps = sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda s: s["step"])
     return losses, [s.get("grad_norm") for s in steps]
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return run({"name": "single"}, tmp_path_factory.mktemp("single"), **clipped())
+def singles(tmp_path_factory):
+    """Clipped single in a precision (fp64; fp32 for strategies that cannot train in float64),
+    each run once."""
+    cache = {}
+
+    def get(precision: str, **changes):
+        key = (precision, tuple(sorted(changes.items())))
+        if key not in cache:
+            cache[key] = run({"name": "single"}, tmp_path_factory.mktemp("single"), precision=precision,
+                             **clipped(**changes))
+        return cache[key]
+    return get
+
+
+@pytest.fixture(scope="module")
+def single(singles):
+    return singles("fp64")
+
+
+def check_against_single(strategy, world_size, run_dir, singles, sections=None, **changes):
+    """The clipped strategy's losses and pre-clip norms against clipped single's, in the
+    precision the strategy trains in."""
+    recipe = make_recipe(strategy, world_size=world_size, **(sections or {}), **clipped(**changes))
+    losses, norms = run(strategy, run_dir, world_size, precision=recipe.training.precision, **(sections or {}),
+                        **clipped(**changes))
+    base_losses, base_norms = singles(recipe.training.precision, **changes)
+    assert_matches(losses, base_losses, tolerance(recipe))
+    assert_norms_match(norms, base_norms, tolerance(recipe))
 
 
 def test_the_clip_binds_and_the_norm_is_recorded(single, tmp_path):
@@ -38,7 +64,7 @@ def test_the_clip_binds_and_the_norm_is_recorded(single, tmp_path):
     unclipped, none = run({"name": "single"}, tmp_path)
     assert none == [None] * len(none)  # the default path records no norm
     assert all(n > CLIP for n in norms), norms  # binds at every step
-    assert max(abs(a - b) for a, b in zip(losses, unclipped)) > 100 * TOLERANCE, (losses, unclipped)
+    assert max(abs(a - b) for a, b in zip(losses, unclipped)) > 100 * FP32_TOLERANCE, (losses, unclipped)
     assert losses[-1] < losses[0]
 
 
@@ -73,42 +99,31 @@ CASES = {  # id: (strategy, world size, extra sections)
 }
 
 
-def assert_norms_match(norms, baseline_norms):
+def assert_norms_match(norms, baseline_norms, tolerance: float):
     assert None not in norms, norms
     worst = max(abs(a - b) for a, b in zip(norms, baseline_norms))
-    assert worst <= TOLERANCE, f"pre-clip norms differ from single's by up to {worst:.3g}:\n{norms}\n{baseline_norms}"
+    assert worst <= tolerance, f"pre-clip norms differ from single's by up to {worst:.3g}:\n{norms}\n{baseline_norms}"
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_clipped_strategy_matches_clipped_single(case, single, tmp_path):
+def test_clipped_strategy_matches_clipped_single(case, singles, tmp_path):
     strategy, world_size, sections = CASES[case]
-    losses, norms = run(strategy, tmp_path, world_size, **sections, **clipped())
-    assert_matches(losses, single[0])
-    assert_norms_match(norms, single[1])
+    check_against_single(strategy, world_size, tmp_path, singles, sections)
 
 
 @pytest.mark.parametrize("case", ["pipeline-dp2", "ds_pipeline-dp2", "fsdp-hsdp", "tensor-dp2"])
-def test_four_ranks_count_replicas_once(case, single, tmp_path):
+def test_four_ranks_count_replicas_once(case, singles, tmp_path):
     """Data-parallel replicas of a stage, a shard or a tensor-parallel group hold the same
     gradients: summed into the norm, they would make it too large."""
     strategy = {"pipeline-dp2": {**PIPE, "dp": 2}, "ds_pipeline-dp2": {**DS_PIPE, "micro_batches": 2},
                 "fsdp-hsdp": {"name": "fsdp", "replicate": 2}, "tensor-dp2": {"name": "tensor", "dp": 2}}[case]
-    losses, norms = run(strategy, tmp_path, 4, **clipped())
-    assert_matches(losses, single[0])
-    assert_norms_match(norms, single[1])
-
-
-@pytest.fixture(scope="module")
-def accumulated_single(tmp_path_factory):
-    return run({"name": "single"}, tmp_path_factory.mktemp("single-accumulated"), **clipped(grad_accumulation=2))
+    check_against_single(strategy, 4, tmp_path, singles)
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "zero"])
-def test_clipping_after_gradient_accumulation(name, accumulated_single, tmp_path):
+def test_clipping_after_gradient_accumulation(name, singles, tmp_path):
     """The clip sees the accumulated, reduced gradient of the whole step, not a micro-batch's."""
-    losses, norms = run({"name": name}, tmp_path, 2, **clipped(grad_accumulation=2))
-    assert_matches(losses, accumulated_single[0])
-    assert_norms_match(norms, accumulated_single[1])
+    check_against_single({"name": name}, 2, tmp_path, singles, grad_accumulation=2)
 
 
 def bf16(**changes) -> dict:

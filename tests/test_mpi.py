@@ -21,8 +21,8 @@ from tests.parity import BASE, assert_matches, make_recipe, step_losses
 
 
 def write_recipe(tmp_path, strategy: dict, **launch) -> str:
-    raw = {**BASE, "name": "mpi", "strategy": strategy,
-           "launch": {"executor": "mpi", "tasks_per_node": 2, **launch}}
+    raw = {**BASE, "name": "mpi", "strategy": strategy, "training": {**BASE["training"], "precision": "fp64"},
+           "launch": {"executor": "mpi", "tasks_per_node": 2, **launch}}  # fp64, as make_recipe's baseline
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)

@@ -111,7 +111,7 @@ def _ctx(device: str, world_size: int = 1):
 
 def test_gpus_keep_the_vendor_table_and_count_every_device(monkeypatch, measured):
     monkeypatch.setattr(flops, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
-    recipe = make_recipe({"name": "single"}, launch={"devices_per_task": 2})
+    recipe = make_recipe({"name": "single"}, launch={"devices_per_task": 2}, precision="fp32")
     assert peak.resolve(recipe, _ctx("cuda:0")) == (19.5e12, "vendor table", None)
     assert peak.devices(recipe, _ctx("cuda:0")) == 2
     bf16 = make_recipe({"name": "single"}, training={**BASE["training"], "precision": "bf16"})
@@ -120,7 +120,7 @@ def test_gpus_keep_the_vendor_table_and_count_every_device(monkeypatch, measured
 
 
 def test_on_cpu_a_device_is_a_rank_and_the_recipe_value_wins(cache, measured):
-    recipe = make_recipe({"name": "single"}, launch={"devices_per_task": 2})
+    recipe = make_recipe({"name": "single"}, launch={"devices_per_task": 2}, precision="fp32")
     assert peak.devices(recipe, _ctx("cpu")) == 1, "a layer-wise split in one process shares its threads"
     value, source, entry = peak.resolve(recipe, _ctx("cpu"))
     assert (value, source, entry["precision"]) == (123e9, "measured", "fp32")
@@ -132,5 +132,5 @@ def test_on_cpu_a_device_is_a_rank_and_the_recipe_value_wins(cache, measured):
 
 
 def test_fsdp_mixed_precision_is_the_precision_measured():
-    assert peak.compute_precision(make_recipe({"name": "fsdp", "mixed_precision": "bf16"}, 2)) == "bf16"
-    assert peak.compute_precision(make_recipe({"name": "fsdp"}, 2)) == "fp32"
+    assert peak.compute_precision(make_recipe({"name": "fsdp", "mixed_precision": "bf16"}, 2, precision="fp32")) == "bf16"
+    assert peak.compute_precision(make_recipe({"name": "fsdp"}, 2, precision="fp32")) == "fp32"

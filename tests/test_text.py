@@ -13,7 +13,7 @@ from suite.errors import SuiteError
 from suite.models import MODELS, build
 from suite.models.task import Task
 from suite.record.run_record import read_metrics
-from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, assert_matches, make_recipe, step_losses, tolerance
 from tests.test_recipe_errors import assert_one_line, run_cli
 
 
@@ -185,7 +185,9 @@ def test_seq2seq_learns_to_reverse_well_below_chance_and_reports_perplexity(tmp_
 
 # ---- parity with one process ------------------------------------------------------------------
 
-PARITY = {**BASE["training"], "max_steps": 6, "batch_size": 32, "log_every_steps": 3}
+# 10 steps: in float64 (another draw of the initial weights than float32) nbow's loss first falls below
+# its first step's at step 8 here
+PARITY = {**BASE["training"], "max_steps": 10, "batch_size": 32, "log_every_steps": 5}
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +205,12 @@ def baselines(tmp_path_factory):
 def test_data_parallel_and_sharding_match_one_process(model, strategy, baselines, tmp_path):
     sections = SENTIMENT if model == "nbow" else REVERSE
     recipe = make_recipe(strategy, world_size=2, **sections, training=PARITY)
-    assert_matches(step_losses(recipe, tmp_path), baselines[model])
+    if recipe.training.precision == "fp64":
+        baseline = baselines[model]
+    else:  # DeepSpeed cannot train in float64: single in float32 too
+        single = make_recipe({"name": "single"}, **sections, training=PARITY, precision="fp32")
+        baseline = step_losses(single, tmp_path / "single")
+    assert_matches(step_losses(recipe, tmp_path / "run"), baseline, tolerance(recipe))
 
 
 def test_seq2seq_split_between_encoder_and_decoder_matches_one_process_even_with_dropout(tmp_path):

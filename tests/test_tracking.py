@@ -44,7 +44,7 @@ def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metr
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a cold peak cache: this run measures
     _count_measurements(monkeypatch, tmp_path / "measured.txt")
     monkeypatch.chdir(tmp_path)  # W&B must write into the run folder, not ./wandb
-    recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "offline", "sample_interval_s": 0.2})
+    recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "offline", "sample_interval_s": 0.2}, precision="fp32")
     run_dir = train_rank.new_run_dir(recipe, tmp_path / "runs")
     step_losses(recipe, run_dir)
 

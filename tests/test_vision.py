@@ -7,7 +7,7 @@ import torch
 
 from suite.data import DataSpec
 from suite.models import MODELS, build
-from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, assert_matches, make_recipe, per_rank_batchnorm_losses, step_losses
 
 SMALL = {"resnet18": {"width": 0.125}, "mobilenet_v2": {"width": 0.25, "dropout": 0.0}}
 IMAGES = {"name": "synthetic", "shape": [3, 32, 32], "classes": 10, "n_train": 128, "n_val": 32}
@@ -17,6 +17,10 @@ TRAINING = {**BASE["training"], "max_steps": 6, "batch_size": 16, "log_every_ste
 # 1e-4 in the early convs' weights (batch norm hides it from the losses); at 0.01 they stay 1e-7 apart.
 OPTIMIZER = {"name": "sgd", "lr": 0.01, "momentum": 0.9}
 TWO_DEVICES = {"launch": {"devices_per_task": 2}}
+# MobileNetV2 (batch norm at batch 16, 6 steps) does not yet learn here at any lr tried
+# (0.001-0.3, SGD or Adam): its losses move by 0.05-0.2 without falling. Its comparisons still
+# move and still tell per-rank from synced batch norm apart (>1e-3 against 1e-10).
+LEARNS = {"resnet18": True, "mobilenet_v2": False}
 
 
 def _recipe(model: str, strategy: dict, world_size: int = 1, training=None, **sections):
@@ -109,138 +113,84 @@ def _running_stats(run_dir):
     return {k: v for k, v in state["engine"]["model"].items() if "running_" in k}
 
 
-# Why MobileNetV2 under ddp is compared in float64 (test_..._float64 below), not in float32:
-# its float32 losses part from single's by 5e-5 at step 3 and 1e-2 at step 4 however exact the
-# synced batch norm is. Measured: synced batch norm is now bitwise torch's kernel (one rank:
-# outputs and every gradient equal, test_batchnorm.py), yet on 2 ranks the first forward's
-# logits already differ by 3e-7: oneDNN's 1x1 projection convolutions (144-240 input channels,
-# blocks 12-17, 8x8 and 4x4 maps) round a sample's outputs differently in a batch of 8 than in
-# one of 16 (by up to 3e-6; every other conv of the model gives the same bits), and the conv weight
-# gradients are summed in another order. ReLU6 turns such rounding into whole gradient elements
-# (a value on the other side of 0 or 6 passes, or stops, its gradient), so the step-1 gradients
-# differ by up to 0.7% in a layer, and MobileNetV2 at lr 0.01 amplifies that. The same holds without any ranks:
-# single in float32 is 1e-2 from single in float64 by step 3. In float64 ddp equals single within 1e-11.
-@pytest.mark.parametrize("model", ["resnet18"])
+# Parity is compared in float64 (tests/parity.py): in float32 these networks amplify rounding
+# differences that no strategy causes. MobileNetV2's float32 losses part from single's by 1e-2 by
+# step 4 on 2 ranks however exact batch norm is: oneDNN's 1x1 projection convolutions round a
+# sample's outputs differently in a batch of 8 than of 16, ReLU6 turns such rounding into whole
+# gradient elements, and single in float32 is itself 1e-2 from single in float64 by step 3.
+# ResNet-18 with 8-sample accumulation passes amplifies rounding likewise. In float64 a correct
+# strategy stays within 1e-10 of single, whatever the CPU's vector kernels.
+@pytest.mark.parametrize("model", list(SMALL))
 def test_ddp_with_synced_batchnorm_matches_single_process(model, baselines, tmp_path):
     losses, stats = baselines[model]
-    assert_matches(step_losses(_recipe(model, {"name": "ddp"}, world_size=2), tmp_path), losses)
+    assert_matches(step_losses(_recipe(model, {"name": "ddp"}, world_size=2), tmp_path), losses, learns=LEARNS[model])
     # Evaluation normalises with the running statistics: synced, they are the baseline's too.
     synced = _running_stats(tmp_path)
     assert synced.keys() == stats.keys() and len(stats) >= 40
     worst = max((synced[k] - stats[k]).abs().max().item() for k in stats)
-    assert worst <= 1e-5, worst
+    assert worst <= 1e-10, worst
 
 
 @pytest.mark.parametrize("model", list(SMALL))
-def test_ddp_with_per_rank_batchnorm_differs_from_single_process(model, baselines, tmp_path):
-    recipe = _recipe(model, {"name": "ddp"}, world_size=2, training={"sync_batchnorm": False})
-    with pytest.raises(AssertionError, match="differ from the baseline"):
-        assert_matches(step_losses(recipe, tmp_path), baselines[model][0])
+def test_ddp_with_per_rank_batchnorm_computes_per_rank_statistics_not_single_process(model, baselines, tmp_path):
+    """Shown by computing what it must equal: each rank's half of the batch normalised by its own
+    statistics, the halves' gradients averaged (tests/parity.py, one process, float64). That is
+    what ddp gives, and it is far from single's losses."""
+    recipe = _recipe(model, {"name": "ddp"}, world_size=2, training={**TRAINING, "sync_batchnorm": False})
+    expected = per_rank_batchnorm_losses(recipe)
+    assert_matches(step_losses(recipe, tmp_path), expected, learns=LEARNS[model])
+    assert max(abs(a - b) for a, b in zip(expected, baselines[model][0])) > 1e-3
 
 
 def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_it(tmp_path):
     """Each accumulation step normalises by its own samples, in single as under ddp; the
-    DistributedSampler interleaves ranks, so the synced samples of an accumulation step are
-    single's. (The baseline must accumulate too: with batch norm it computes another function.)
-    8-sample passes amplify any rounding difference: with the earlier synced layer (float32 math
-    in another rounding order than torch's kernel) steps 1-2 were equal, then 4e-4 apart by step 6;
-    bitwise as torch's kernel they stay within 5e-7."""
-    accumulate = {"grad_accumulation": 2}
+    DistributedSampler interleaves ranks (rank r reads positions r, r+2, ...), so the first 4 of
+    each rank's 8 samples are positions 0-7 of single's 16, single's first accumulation chunk.
+    (The baseline must accumulate too: with batch norm it computes another function.)"""
+    accumulate = {**TRAINING, "grad_accumulation": 2}
     baseline = step_losses(_recipe("resnet18", {"name": "single"}, training=accumulate), tmp_path / "single")
     recipe = _recipe("resnet18", {"name": "ddp"}, world_size=2, training=accumulate)
     assert_matches(step_losses(recipe, tmp_path / "ddp"), baseline)
 
 
-def _float64_step_losses(model: str, world: int, rank: int, accumulation: int, steps: int = 5) -> list[float]:
-    """The global loss of each step of ``model`` in float64, trained on ``world`` ranks as the
-    suite's ddp does (DistributedSampler's order, accumulation chunks under ``no_sync``, DDP's
-    gradient average, synced batch norm) or, at world 1, by one process with torch's batch norm.
-    The recipe path cannot run float64 (data sets give float32), hence this replica of it."""
-    from contextlib import nullcontext
-
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DistributedSampler
-
-    from suite.strategies import batchnorm
-
-    torch.manual_seed(1)
-    net = build(MODELS[model][0](**SMALL[model]), DataSpec("synthetic", (3, 16, 16), 10)).double()
-    if world > 1:
-        net = DistributedDataParallel(batchnorm.sync(net, dist.group.WORLD, torch.device("cpu")))
-    optimizer = torch.optim.SGD(net.parameters(), lr=OPTIMIZER["lr"], momentum=OPTIMIZER["momentum"])
-    g = torch.Generator().manual_seed(2)
-    images = torch.randn(16 * steps, 3, 16, 16, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, 10, (16 * steps,), generator=g)
-    order = list(DistributedSampler(range(16 * steps), num_replicas=world, rank=rank, shuffle=True, seed=1))
-    batch, losses = 16 // world, []
-    for step in range(steps):
-        mine = order[step * batch:(step + 1) * batch]
-        chunks = list(zip(images[mine].chunk(accumulation), labels[mine].chunk(accumulation)))
-        loss_sum = 0.0
-        for i, (x, y) in enumerate(chunks):
-            with net.no_sync() if world > 1 and i < len(chunks) - 1 else nullcontext():
-                loss = torch.nn.functional.cross_entropy(net(x), y)
-                (loss / accumulation).backward()
-            loss_sum += loss.item() / accumulation
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss_sum)
-    if world > 1:
-        total = torch.tensor(losses, dtype=torch.float64)
-        dist.all_reduce(total)
-        losses = (total / world).tolist()
-    return losses
-
-
-def _float64_ddp_rank(model: str, accumulation: int) -> list[float]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    try:
-        return _float64_step_losses(model, 2, dist.get_rank(), accumulation)
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("model, accumulation", [("mobilenet_v2", 1), ("resnet18", 2)])
-def test_ddp_with_synced_batchnorm_computes_single_process_steps_exactly_in_float64(model, accumulation):
-    """ddp's steps ARE single's, free of float32 rounding: for MobileNetV2 the one check there is
-    (see the comment above test_ddp_with_synced_batchnorm_matches_single_process), for ResNet-18
-    with accumulation the exact counterpart of the float32 test above. The samples match because
-    DistributedSampler interleaves the ranks (rank r reads positions r, r+2, ...): the first 4 of
-    each rank's 8 are positions 0-7 of single's 16, single's first accumulation chunk. In float64
-    (2e-12 and 1e-15 apart here) a wrong sample split, a missing cross-rank term in batch norm's
-    backward or per-rank statistics would be 1e-3 and more apart (per-rank: 8e-2), so this test
-    can fail; 1e-9 leaves float64 rounding room."""
-    from tests.harness import run_ranks
-
-    baseline = _float64_step_losses(model, 1, 0, accumulation)
-    synced = run_ranks(_float64_ddp_rank, 2, model, accumulation, timeout_s=240)[0]
-    assert len(synced) == len(baseline) == 5
-    worst = max(abs(a - b) for a, b in zip(synced, baseline))
-    assert worst <= 1e-9, (worst, synced, baseline)
-
-
-@pytest.mark.parametrize("strategy", [{"name": "allreduce"}, {"name": "fsdp"}, {"name": "zero", "stage": 2}],
-                         ids=["allreduce", "fsdp", "zero2"])
+@pytest.mark.parametrize("strategy", [{"name": "allreduce"}, {"name": "fsdp"}], ids=["allreduce", "fsdp"])
 def test_other_data_parallel_strategies_with_synced_batchnorm_match_single_process(strategy, baselines, tmp_path):
     """The synced layer is applied in the one preparation step every strategy calls, before its
-    wrapper (FSDP2's per-block sharding, DeepSpeed's engine)."""
+    wrapper (FSDP2's per-block sharding)."""
     recipe = _recipe("resnet18", strategy, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baselines["resnet18"][0])
+
+
+def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(tmp_path):
+    """DeepSpeed keeps float32 master weights, so ZeRO is compared in float32, against the floor
+    suite.verify uses: single again with its weights nudged by a few rounding errors. A fixed
+    float32 tolerance would hold on one CPU's kernels and not on the next."""
+    from suite.verify import judge
+    from suite.verify.certificate import NUDGE_ULPS, UNIT_ROUNDOFF
+
+    fp32 = {**TRAINING, "precision": "fp32"}
+    single = step_losses(_recipe("resnet18", {"name": "single"}, training=fp32), tmp_path / "single")
+    nudged = {**fp32, "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF["fp32"]}
+    floor = step_losses(_recipe("resnet18", {"name": "single"}, training=nudged), tmp_path / "floor")
+    zero = step_losses(_recipe("resnet18", {"name": "zero", "stage": 2}, world_size=2, training=fp32), tmp_path / "zero")
+    checks = judge(single, zero, floor, "fp32")
+    assert all(c.ok for c in checks), [(c.difference, c.bound) for c in checks]
+    # and the floor is a floor, not a wide gate: per-rank batch norm lands far beyond it
+    per_rank = {**fp32, "sync_batchnorm": False}
+    apart = step_losses(_recipe("resnet18", {"name": "zero", "stage": 2}, world_size=2, training=per_rank), tmp_path / "per-rank")
+    assert not judge(single, apart, floor, "fp32")[0].ok
 
 
 @pytest.mark.parametrize("model", list(SMALL))
 def test_layer_split_matches_single_process(model, baselines, tmp_path):
     """One process, whole batch: batch norm sees what single's sees, nothing to sync."""
     recipe = _recipe(model, {"name": "layer_split"}, **TWO_DEVICES)
-    assert_matches(step_losses(recipe, tmp_path), baselines[model][0])
+    assert_matches(step_losses(recipe, tmp_path), baselines[model][0], learns=LEARNS[model])
 
 
 def test_resnet18_split_over_2_devices_on_2_ranks_matches_single_process(baselines, tmp_path):
     """2x2 hybrid: each rank's model in 2 parts, DDP across the ranks, batch norm synced over
-    the ranks. (MobileNetV2 here parts from single in float32 as under plain ddp: see above.)"""
+    the ranks."""
     recipe = _recipe("resnet18", {"name": "layer_split"}, world_size=2, **TWO_DEVICES)
     assert_matches(step_losses(recipe, tmp_path), baselines["resnet18"][0])
 

@@ -13,10 +13,22 @@ from suite.estimate import parameter_count, predicted_held_bytes
 from suite.strategies import _deepspeed
 from suite.record.run_record import read_json
 from tests.harness import run_ranks
-from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests import parity
+from tests.parity import BASE, FP32_TOLERANCE, step_losses
 from tests.roundtrip import continued_and_resumed
 
 _deepspeed.preload()  # once here, not once per forked rank (~7 s each)
+
+
+# DeepSpeed keeps float32 master weights, so nothing here can run float64 (tests/parity.py):
+# every run, single's too, is fp32, compared at the float32 tolerance on this small MLP, which
+# holds under every CPU kernel set (tests/run_kernel_sets.sh runs these files under each).
+def make_recipe(strategy: dict, world_size: int = 1, **sections):
+    return parity.make_recipe(strategy, world_size, precision="fp32", **sections)
+
+
+def assert_matches(losses, baseline, tolerance: float = FP32_TOLERANCE):
+    parity.assert_matches(losses, baseline, tolerance)
 
 ADAM = {"name": "adam", "lr": 0.01}
 WORLD = 2

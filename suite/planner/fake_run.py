@@ -205,6 +205,7 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     from torch.utils.flop_counter import FlopCounterMode
 
     from suite import strategies
+    from suite.strategies import prepare
     from suite.train.dist import DistContext
     from suite.train.rank import make_setup
 
@@ -219,10 +220,13 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(prepare.default_dtype(recipe.training.precision))  # fp64: as the rank builds
         built = stack.enter_context(_LiveBytes())  # what the build and the first step leave alive
         engine = strategies.build(recipe.strategy, setup)
         ddp = _register_ddp_hooks(engine, world_size)
         inputs, targets = fake_batch(recipe, plan.rank_batch)
+        if (dtype := prepare.input_dtype(recipe.training.precision)) is not None and inputs.is_floating_point():
+            inputs = inputs.to(dtype)
         engine.train_step(inputs, targets)  # creates the optimizer state
         start = built.alive_now()
         comm, live, flops = _Collectives(), _LiveBytes(), FlopCounterMode(display=False)

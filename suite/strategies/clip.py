@@ -48,10 +48,11 @@ def total_norm(kinds: dict, stage_group=None) -> torch.Tensor:
     if len(norms) == 1 and stage_group is None:
         return norms[0]  # the one-process computation, bit for bit
     device = norms[0].device if norms else _device(stage_group)
-    square = sum((n.to(device, torch.float32) ** 2 for n in norms), torch.zeros((), device=device))
+    # float64: the squares of fp64 runs' norms keep their digits, fp32 ones lose none in the sum
+    square = sum((n.to(device, torch.float64) ** 2 for n in norms), torch.zeros((), dtype=torch.float64, device=device))
     if stage_group is not None:
         dist.all_reduce(square, group=stage_group)
-    return square.sqrt()
+    return square.sqrt().to(norms[0].dtype if norms else torch.get_default_dtype())
 
 
 def _device(group) -> torch.device:

@@ -18,11 +18,15 @@ import torch
 
 from suite.record.metrics import optimizer_state_bytes
 from suite.strategies.base import ModuleEngine, StrategyOptions
+from suite.strategies.keys import Refused
 
 
 class Options(StrategyOptions):
     name: Literal["oss"] = "oss"
     warm_imports: ClassVar = ("torch._dynamo", "fairscale.optim.oss")
+    refuses: ClassVar = (Refused("training.precision", ("fp32", "bf16", "fp16"),
+                                 "fairscale OSS's clip_grad_norm computes the norm in float32, refused for float64 gradients",
+                                 when=lambda r: r.training.grad_clip_norm is not None),)
     gradients: Literal["ddp", "sharded_ddp"] = "ddp"
 
     def held_fraction(self, total: dict, plan) -> dict:
