@@ -43,6 +43,12 @@ PREDICTED = {"experiment": "experiment", "strategy": "strategy", "world_size": "
                                      (("held", "held bytes"), ("peak", "peak memory"), ("step", "step time (s)"),
                                       ("rate", "samples/s")) for part in ("predicted", "measured", "error")}}
 SKIPPED = {"path": "run folder", "reason": "why skipped"}
+PARITY = {"run_id": "run", "strategy": "strategy", "world_size": "world size", "precision": "precision",
+          "steps": "steps", "verdict": "verdict", "first_bad_step": "differs from step", "largest": "largest difference",
+          "of_bound": "of its bound"}
+PARITY_NOTE = ("Certificates of `python -m suite.verify`: the run's strategy against single on the same data, each step's "
+               "loss difference judged against the noise floor (single with its weights nudged by a few rounding "
+               "errors); float64 where the strategy can train in it. Written as verify.json in the run's folder.")
 RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size",
         "seed": "seed", "epochs": "epochs", "steps": "steps", "train_time_s": "training time (s)",
         "samples_per_s": "samples/s", "final_train_loss": "train loss", "final_train_accuracy": "train accuracy",
@@ -97,6 +103,24 @@ def wandb_rows(runs) -> list[dict]:
     return rows
 
 
+def parity_rows(runs) -> list[dict]:
+    """One row per run that holds a suite.verify certificate (verify.json)."""
+    import json
+
+    rows = []
+    for run in runs:
+        path = run.path / "verify.json"
+        if not path.exists():
+            continue
+        cert = json.loads(path.read_text())
+        worst = max(cert["steps"], key=lambda c: c["difference"] / c["bound"] if c["bound"] else float("inf"))
+        rows.append({"run_id": run.run_id, "strategy": cert["strategy"], "world_size": cert["world_size"],
+                     "precision": cert["precision"], "steps": len(cert["steps"]), "verdict": cert["verdict"],
+                     "first_bad_step": cert["first_bad_step"], "largest": worst["difference"],
+                     "of_bound": worst["difference"] / worst["bound"] if worst["bound"] else None})
+    return rows
+
+
 def main(argv=None) -> int:
     return one_line(_main, parse_args(argv))
 
@@ -129,6 +153,7 @@ def _main(args) -> int:
     costs = tables.cost_rows(runs, prices)
     predicted = tables.prediction_rows(runs)
     wandb = [] if args.no_wandb else wandb_rows(runs)
+    parity = parity_rows(runs)
     run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "arm": r.arm,
                  "strategy": r.strategy, "world_size": r.world_size, "seed": r.seed,
                  "samples_per_s": r.summary["samples_per_s"], "train_time_s": r.summary.get("train_time_s"),
@@ -136,7 +161,7 @@ def _main(args) -> int:
                  **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]
 
     render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation", "strategy_shown")] if throughput else None)
-    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("cost", costs), ("predicted", predicted), ("runs", run_rows),
+    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("parity", parity), ("cost", costs), ("predicted", predicted), ("runs", run_rows),
                        ("wandb", wandb), ("skipped", [{"path": str(s.path), "reason": s.reason} for s in skipped])):
         render.write_csv(out / f"{name}.csv", rows)
 
@@ -167,6 +192,8 @@ def _main(args) -> int:
     for title, rows, cols, note in (
             ("Time to target", targets, TARGET, "" if targets else "Give --target-accuracy or --target-loss."),
             ("Verdicts against the baseline (strategy single, same experiment)", verdicts, VERDICT, tables.NOISE_RULE),
+            ("Parity certificates", parity, PARITY, PARITY_NOTE if parity else "No run here was certified; "
+             "python -m suite.verify RECIPE writes one."),
             ("Cost", costs, COST, f"Prices from {args.prices}; device-hours = devices x wall time."),
             ("W&B offline runs", wandb, WANDB, "Read with `python -m wandb leet inspect --json`."),
             ("Predicted vs measured", predicted, PREDICTED, PREDICTED_NOTE),

@@ -79,14 +79,15 @@ class Run:
 
 
 def find_run_dirs(paths) -> list[Path]:
-    """Every folder under ``paths`` holding one of the record files (W&B/submitit folders excluded)."""
+    """Every folder under ``paths`` holding one of the record files (W&B/submitit folders excluded,
+    and the baselines ``suite.verify`` keeps in a run's ``verify/``: its certificate is the run's)."""
     found = set()
     for root in map(Path, paths):
         if not root.exists():
             continue
         candidates = [root] + [p for p in root.rglob("*") if p.is_dir()]
         for d in candidates:
-            if {"wandb", "submitit", "errors"} & set(d.relative_to(root).parts):
+            if {"wandb", "submitit", "errors", "verify"} & set(d.relative_to(root).parts):
                 continue
             if any((d / f).exists() for f in RECORD_FILES):
                 found.add(d.resolve())

@@ -1,0 +1,129 @@
+"""python -m suite.verify: a parity certificate for any recipe. It must say "equivalent" for a
+correct strategy on a model it was not tuned to, and "differs" (exit 1) where the strategy
+computes something else: batch norm per rank, or gradients summed instead of averaged."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from suite.verify import judge
+from suite.verify.certificate import MARGIN, UNIT_ROUNDOFF
+
+STEPS = 8
+# A model with batch norm, so that per-rank statistics would show: 16 samples a step, 8 per rank.
+RECIPE = {
+    "name": "verify-bn",
+    "model": {"name": "resnet18", "width": 0.125},
+    "data": {"name": "synthetic", "shape": [3, 16, 16], "classes": 10, "n_train": 256, "n_val": 32},
+    "strategy": {"name": "ddp"},
+    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+    "training": {"epochs": 1, "batch_size": 16, "seed": 3},
+    "launch": {"tasks_per_node": 2},
+    "tracking": {"wandb": "offline"},  # as users run it: tracking on
+}
+
+
+def _verify(tmp_path, *args, recipe=RECIPE, env=None):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    proc = subprocess.run([sys.executable, "-m", "suite.verify", str(path), "--steps", str(STEPS),
+                           "--out", str(tmp_path / "runs"), *args], capture_output=True, text=True, timeout=600,
+                          env=env)
+    return proc
+
+
+def _certificates(tmp_path):
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/verify.json"))]
+
+
+# ---- the judgement -------------------------------------------------------------------------
+
+def test_a_difference_within_the_running_floor_passes_and_one_beyond_it_fails_from_its_step():
+    single = [2.0, 1.9, 1.8, 1.7]
+    floor = [2.0, 1.9 + 1e-14, 1.8 + 1e-13, 1.7]  # the nudged run parts by 1e-14, then 1e-13
+    same = [2.0, 1.9 + 1e-13, 1.8, 1.7 + 1e-12]  # within 100x the largest floor so far
+    checks = judge(single, same, floor, "fp64")
+    assert all(c.ok for c in checks)
+    assert checks[3].bound == pytest.approx(MARGIN * 1e-13 + 16 * UNIT_ROUNDOFF["fp64"] * 1.7, rel=1e-3)
+    broken = [2.0, 1.9, 1.8 + 1e-4, 1.7]
+    assert [c.ok for c in judge(single, broken, floor, "fp64")] == [True, True, False, True]
+
+
+def test_the_loss_may_differ_by_its_own_rounding_even_where_the_floor_is_zero():
+    one_ulp = 2.0 * UNIT_ROUNDOFF["fp32"] * 2
+    checks = judge([2.0, 2.0], [2.0 + one_ulp, 2.0 + 100 * one_ulp], [2.0, 2.0], "fp32")
+    assert [c.ok for c in checks] == [True, False]
+
+
+# ---- end to end ----------------------------------------------------------------------------
+
+def test_ddp_with_synced_batch_norm_is_equivalent_and_per_rank_batch_norm_differs(tmp_path):
+    proc = _verify(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("ddp at world size 2 (fp64, 8 steps): equivalent"), last
+    (cert,) = _certificates(tmp_path)
+    assert cert["verdict"] == "equivalent" and cert["precision"] == "fp64" and len(cert["steps"]) == STEPS
+    assert max(s["difference"] for s in cert["steps"]) < 1e-10  # float64: rounding only
+    # the report shows the certificate, and compares the strategy's run, not the baselines kept in it
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "runs"), "--out",
+                             str(tmp_path / "report"), "--no-wandb"], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert "(1 run(s), 0 skipped)" in report.stdout
+    parity = (tmp_path / "report" / "parity.csv").read_text().splitlines()
+    assert len(parity) == 2 and ",ddp,2,fp64,8,equivalent," in parity[1], parity
+
+    per_rank = tmp_path / "per-rank"
+    per_rank.mkdir()
+    proc = _verify(per_rank, "training.sync_batchnorm=false")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "differs from step 1" in proc.stdout.strip().splitlines()[-1]
+
+
+def test_a_strategy_broken_on_purpose_differs(tmp_path):
+    """allreduce summing the ranks' gradients instead of averaging them, patched into every
+    process of the run (sitecustomize runs at each interpreter's start)."""
+    patch = tmp_path / "patch"
+    patch.mkdir()
+    (patch / "sitecustomize.py").write_text(textwrap.dedent("""
+        import torch.distributed as dist
+        from suite.strategies import allreduce
+
+        def summed(self):
+            for p in self.module.parameters():
+                dist.all_reduce(p.grad)
+
+        allreduce.AllReduceEngine.reduce_gradients = summed
+    """))
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(patch), os.getcwd()])}
+    recipe = {**RECIPE, "model": {"name": "mlp", "hidden": [32]}, "strategy": {"name": "allreduce"}}
+    proc = _verify(tmp_path, recipe=recipe, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "allreduce at world size 2 (fp64, 8 steps): differs from step 2" in proc.stdout
+    (cert,) = _certificates(tmp_path)
+    assert cert["first_bad_step"] == 2 and cert["steps"][1]["difference"] > 1e-4
+
+
+def test_a_strategy_that_cannot_train_in_float64_is_judged_in_float32_and_says_why(tmp_path):
+    recipe = {**RECIPE, "model": {"name": "mlp", "hidden": [32]}, "strategy": {"name": "zero", "stage": 2}}
+    proc = _verify(tmp_path, recipe=recipe)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (cert,) = _certificates(tmp_path)
+    assert cert["precision"] == "fp32" and "float32 master copies" in cert["why_precision"]
+
+
+@pytest.mark.parametrize("strategy, message", [
+    ("hogwild", "makes no parity claim"),
+    ("single", "the baseline itself"),
+])
+def test_a_strategy_with_nothing_to_certify_is_one_line_and_exit_2(tmp_path, strategy, message):
+    recipe = {**RECIPE, "model": {"name": "mlp", "hidden": [32]}, "strategy": {"name": strategy},
+              "launch": {"tasks_per_node": 1 if strategy == "single" else 2}}
+    proc = _verify(tmp_path, recipe=recipe)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
