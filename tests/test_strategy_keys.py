@@ -80,8 +80,9 @@ RESUME = "tests/test_resume.py::test_periodic_checkpoints_let_a_crashed_run_resu
 TORCH = {
     "training.grad_clip_norm": CLIP,
     "training.precision=bf16": "tests/test_clip.py::test_deepspeed_bf16_clips_by_the_whole_models_norm",
-    "training.precision=fp64": "tests/test_verify.py",  # suite.verify's float64 certificates
-    "training.init_perturbation": "tests/test_verify.py",  # the noise floor suite.verify measures
+    "training.precision=fp64": "tests/parity.py::make_recipe",  # parity runs are float64 where a strategy can
+    # the initial-weight nudge of the noise floor (in the rank's model factory, so every torch strategy)
+    "training.init_perturbation": "tests/test_vision.py::test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor",
     "optimizer.schedule": SCHEDULE,
     "training.max_steps": "tests/parity.py::step_losses",  # every parity run stops at BASE's max_steps
     "training.grad_accumulation": "tests/test_data_parallel.py::test_gradient_accumulation_matches_single_process",
