@@ -16,6 +16,8 @@ from suite.strategies import STRATEGIES, batchnorm
 from suite.train.dist import DistContext
 from tests.harness import run_ranks
 
+pytestmark = pytest.mark.parity  # every test here: rerun under each CPU kernel set
+
 WORLD = 2
 # One layer's float64 outputs and gradients: a few float64 roundings apart (sums in another order),
 # relative for the parameter gradients, which sum 100-odd terms to values of ~20.

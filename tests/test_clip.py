@@ -106,12 +106,14 @@ def assert_norms_match(norms, baseline_norms, tolerance: float):
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parity
 def test_clipped_strategy_matches_clipped_single(case, singles, tmp_path):
     strategy, world_size, sections = CASES[case]
     check_against_single(strategy, world_size, tmp_path, singles, sections)
 
 
 @pytest.mark.parametrize("case", ["pipeline-dp2", "ds_pipeline-dp2", "fsdp-hsdp", "tensor-dp2"])
+@pytest.mark.parity
 def test_four_ranks_count_replicas_once(case, singles, tmp_path):
     """Data-parallel replicas of a stage, a shard or a tensor-parallel group hold the same
     gradients: summed into the norm, they would make it too large."""
@@ -121,6 +123,7 @@ def test_four_ranks_count_replicas_once(case, singles, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "zero"])
+@pytest.mark.parity
 def test_clipping_after_gradient_accumulation(name, singles, tmp_path):
     """The clip sees the accumulated, reduced gradient of the whole step, not a micro-batch's."""
     check_against_single({"name": name}, 2, tmp_path, singles, grad_accumulation=2)

@@ -4,6 +4,8 @@ import pytest
 from suite.strategies import allreduce
 from tests.parity import assert_matches, make_recipe, step_losses
 
+pytestmark = pytest.mark.parity  # every test here: rerun under each CPU kernel set
+
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):

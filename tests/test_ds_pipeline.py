@@ -44,6 +44,7 @@ def baseline(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", [PIPE, {**PIPE, "partition": "uniform"}, {**PIPE, "zero_stage": 1}],
                          ids=["parameters", "uniform", "zero1"])
+@pytest.mark.parity
 def test_two_stages_four_micro_batches_match_single_process(strategy, baseline, tmp_path):
     assert_matches(step_losses(make_recipe(strategy, world_size=2), tmp_path), baseline[0])
 
@@ -68,12 +69,14 @@ def test_each_stage_holds_only_its_own_blocks(tmp_path):
         assert sum(r[key] for r in ranks) == total, (key, ranks)
 
 
+@pytest.mark.parity
 def test_vgg11_split_in_two_matches_single_process(tmp_path_factory):
     single = step_losses(make_recipe({"name": "single"}, **VGG), tmp_path_factory.mktemp("single-vgg"))
     piped = step_losses(make_recipe(PIPE, world_size=2, **VGG), tmp_path_factory.mktemp("pipe-vgg"))
     assert_matches(piped, single)
 
 
+@pytest.mark.parity
 def test_two_stages_times_two_data_parallel_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({**PIPE, "micro_batches": 2, "zero_stage": 1}, world_size=4)
     assert recipe.plan().dp_size == 2

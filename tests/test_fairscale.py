@@ -19,6 +19,7 @@ def baseline(tmp_path_factory):
 
 
 @pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
+@pytest.mark.parity
 def test_oss_matches_single_process_at_world_size_2(gradients, baseline, tmp_path):
     recipe = make_recipe({"name": "oss", "gradients": gradients}, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baseline)
@@ -32,6 +33,7 @@ def test_oss_takes_every_optimizer_the_recipe_can_name(tmp_path):
 
 
 @pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
+@pytest.mark.parity
 def test_oss_with_gradient_accumulation_matches_single_process(gradients, baseline, tmp_path):
     recipe = make_recipe({"name": "oss", "gradients": gradients}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})
     assert_matches(step_losses(recipe, tmp_path), baseline)
@@ -54,6 +56,7 @@ def test_sharded_ddp_with_grads_set_to_none_is_wrong(baseline, tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("checkpoint", ["except_last", "never"])
+@pytest.mark.parity
 def test_pipe_in_one_process_matches_single_process(checkpoint, baseline, tmp_path):
     recipe = make_recipe({"name": "fairscale_pipe", "micro_batches": 4, "checkpoint": checkpoint}, **TWO_DEVICES)
     assert_matches(step_losses(recipe, tmp_path), baseline)

@@ -24,20 +24,24 @@ def full_sharding(tmp_path_factory):
     return recipe, step_losses(recipe, run_dir), read_json(run_dir / "summary.json")
 
 
+@pytest.mark.parity
 def test_full_sharding_matches_single_process_at_world_size_2(full_sharding, baseline):
     assert_matches(full_sharding[1], baseline[0])
 
 
+@pytest.mark.parity
 def test_grad_op_sharding_matches_single_process_at_world_size_2(baseline, tmp_path):
     recipe = make_recipe({"name": "fsdp", "reshard_after_forward": False}, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
 
 
+@pytest.mark.parity
 def test_gradient_accumulation_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "fsdp"}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
 
 
+@pytest.mark.parity
 def test_hybrid_sharding_2x2_matches_single_process_at_world_size_4(baseline, tmp_path):
     recipe = make_recipe({"name": "fsdp", "replicate": 2}, world_size=4)
     assert_matches(step_losses(recipe, tmp_path), baseline[0])

@@ -23,15 +23,18 @@ def full_sharding(tmp_path_factory):
     return recipe, step_losses(recipe, run_dir), read_json(run_dir / "summary.json")
 
 
+@pytest.mark.parity
 def test_full_sharding_matches_single_process_at_world_size_2(full_sharding, baseline):
     assert_matches(full_sharding[1], baseline[0])
 
 
+@pytest.mark.parity
 def test_grad_op_sharding_matches_single_process_at_world_size_2(baseline, tmp_path):
     recipe = make_recipe({"name": "fsdp1", "sharding": "grad_op"}, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
 
 
+@pytest.mark.parity
 def test_gradient_accumulation_through_no_sync_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "fsdp1"}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})
     assert_matches(step_losses(recipe, tmp_path), baseline[0])

@@ -20,17 +20,20 @@ def baseline(tmp_path_factory):
 
 
 @pytest.mark.parametrize("split_at", [None, [1], [3]])
+@pytest.mark.parity
 def test_two_devices_in_one_process_match_single_process(split_at, baseline, tmp_path):
     recipe = make_recipe({"name": "layer_split", "split_at": split_at}, world_size=1, **TWO_DEVICES)
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.parity
 def test_mp_ddp_at_world_size_2_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "layer_split"}, world_size=2, **TWO_DEVICES)
     assert recipe.plan().dp_size == 2
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.parity
 def test_mp_ddp_with_gradient_accumulation_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "layer_split"}, world_size=2, **TWO_DEVICES,
                          training={**BASE["training"], "grad_accumulation": 2})

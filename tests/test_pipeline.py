@@ -43,6 +43,7 @@ def vgg_baseline(tmp_path_factory):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parity
 def test_mlp_pipeline_matches_single_process(schedule, baseline, baseline_dir, tmp_path):
     recipe = make_recipe({"name": "pipeline", "schedule": schedule, "micro_batches": 4}, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baseline)
@@ -60,6 +61,7 @@ def test_autoencoder_pipeline_scores_against_the_input(tmp_path_factory):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parity
 def test_vgg11_pipeline_matches_single_process(schedule, vgg_baseline, tmp_path):
     recipe = make_recipe({"name": "pipeline", "schedule": schedule, "micro_batches": 4}, world_size=2, **VGG)
     assert_matches(step_losses(recipe, tmp_path), vgg_baseline)
@@ -71,6 +73,7 @@ def test_split_points_from_the_recipe_match_too(baseline, tmp_path):
 
 
 @pytest.mark.parametrize("dp_mode", ["fully_shard", "replicate"])
+@pytest.mark.parity
 def test_data_x_pipeline_on_a_2x2_mesh_matches_single_process(dp_mode, baseline, tmp_path):
     recipe = make_recipe({"name": "pipeline", "dp": 2, "stages": 2, "dp_mode": dp_mode}, world_size=4)
     assert recipe.plan().dp_size == 2

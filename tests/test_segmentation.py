@@ -153,6 +153,7 @@ def _run(tmp_path, name, strategy, world, model):
     # FSDP2 at world size 1 still wraps each encoder block (tuple outputs: pooled maps and
     # indices) and decoder block (two inputs) in its hooks.
     (SEGNET, {"name": "fsdp"}, 1)])
+@pytest.mark.parity
 def test_training_matches_single_process(model, strategy, world, tmp_path):
     base, base_final = _run(tmp_path, "single", {"name": "single"}, 1, model)
     losses, final = _run(tmp_path, strategy["name"], strategy, world, model)
@@ -163,6 +164,7 @@ def test_training_matches_single_process(model, strategy, world, tmp_path):
     assert math.isclose(final["val_loss"], base_final["val_loss"], abs_tol=1e-10)
 
 
+@pytest.mark.parity
 def test_segnet_with_per_rank_batch_norm_under_ddp_computes_per_rank_statistics(tmp_path):
     """Unsynced (training.sync_batchnorm: false), DDP normalises with each rank's statistics:
     shown by computing what that must equal (tests/parity.py), and how far it is from single."""

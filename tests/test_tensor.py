@@ -28,10 +28,12 @@ def transformer_baseline(tmp_path_factory):
     return step_losses(make_recipe({"name": "single"}, **LANGUAGE), run_dir), read_json(run_dir / "summary.json")
 
 
+@pytest.mark.parity
 def test_mlp_matches_single_process_at_tp_2(mlp_baseline, tmp_path):
     assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2), tmp_path), mlp_baseline)
 
 
+@pytest.mark.parity
 def test_transformer_matches_single_process_at_tp_2(transformer_baseline, tmp_path):
     assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2, **LANGUAGE), tmp_path),
                    transformer_baseline[0])
@@ -41,6 +43,7 @@ def test_transformer_matches_single_process_at_tp_2(transformer_baseline, tmp_pa
         assert whole / 2 < rank["held_bytes"]["parameters"] < whole
 
 
+@pytest.mark.parity
 def test_transformer_matches_single_process_at_dp_2_x_tp_2(transformer_baseline, tmp_path):
     recipe = make_recipe({"name": "tensor", "dp": 2}, world_size=4, **LANGUAGE)
     assert_matches(step_losses(recipe, tmp_path), transformer_baseline[0])

@@ -202,6 +202,7 @@ def baselines(tmp_path_factory):
 @pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "allreduce"}, {"name": "fsdp"},
                                       {"name": "zero", "stage": 2}])
 @pytest.mark.parametrize("model", ["nbow", "seq2seq"])
+@pytest.mark.parity
 def test_data_parallel_and_sharding_match_one_process(model, strategy, baselines, tmp_path):
     sections = SENTIMENT if model == "nbow" else REVERSE
     recipe = make_recipe(strategy, world_size=2, **sections, training=PARITY)
@@ -224,6 +225,7 @@ def test_seq2seq_split_between_encoder_and_decoder_matches_one_process_even_with
         assert_matches(step_losses(recipe, tmp_path / f"split{split_at[0]}"), baseline)
 
 
+@pytest.mark.parity
 def test_seq2seq_in_two_pipeline_stages_matches_one_process(baselines, tmp_path):
     recipe = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, world_size=2, **REVERSE,
                          training=PARITY)

@@ -121,17 +121,22 @@ def _running_stats(run_dir):
 # ResNet-18 with 8-sample accumulation passes amplifies rounding likewise. In float64 a correct
 # strategy stays within 1e-10 of single, whatever the CPU's vector kernels.
 @pytest.mark.parametrize("model", list(SMALL))
+@pytest.mark.parity
 def test_ddp_with_synced_batchnorm_matches_single_process(model, baselines, tmp_path):
     losses, stats = baselines[model]
     assert_matches(step_losses(_recipe(model, {"name": "ddp"}, world_size=2), tmp_path), losses, learns=LEARNS[model])
     # Evaluation normalises with the running statistics: synced, they are the baseline's too.
     synced = _running_stats(tmp_path)
     assert synced.keys() == stats.keys() and len(stats) >= 40
-    worst = max((synced[k] - stats[k]).abs().max().item() for k in stats)
-    assert worst <= 1e-10, worst
+    # Relative to each buffer's scale (running variances reach ~1e2). 1e-8: MobileNetV2 amplifies
+    # float64 rounding ~1e6-fold in 6 steps (its running statistics: 1.0e-10 relative apart under
+    # ATEN_CPU_CAPABILITY=default, within 1e-10 under AVX-512); per-rank statistics would be 1e-2 apart.
+    worst = max(((synced[k] - stats[k]).abs() / stats[k].abs().clamp(min=1)).max().item() for k in stats)
+    assert worst <= 1e-8, worst
 
 
 @pytest.mark.parametrize("model", list(SMALL))
+@pytest.mark.parity
 def test_ddp_with_per_rank_batchnorm_computes_per_rank_statistics_not_single_process(model, baselines, tmp_path):
     """Shown by computing what it must equal: each rank's half of the batch normalised by its own
     statistics, the halves' gradients averaged (tests/parity.py, one process, float64). That is
@@ -142,6 +147,7 @@ def test_ddp_with_per_rank_batchnorm_computes_per_rank_statistics_not_single_pro
     assert max(abs(a - b) for a, b in zip(expected, baselines[model][0])) > 1e-3
 
 
+@pytest.mark.parity
 def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_it(tmp_path):
     """Each accumulation step normalises by its own samples, in single as under ddp; the
     DistributedSampler interleaves ranks (rank r reads positions r, r+2, ...), so the first 4 of
@@ -154,6 +160,7 @@ def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_
 
 
 @pytest.mark.parametrize("strategy", [{"name": "allreduce"}, {"name": "fsdp"}], ids=["allreduce", "fsdp"])
+@pytest.mark.parity
 def test_other_data_parallel_strategies_with_synced_batchnorm_match_single_process(strategy, baselines, tmp_path):
     """The synced layer is applied in the one preparation step every strategy calls, before its
     wrapper (FSDP2's per-block sharding)."""
@@ -161,6 +168,7 @@ def test_other_data_parallel_strategies_with_synced_batchnorm_match_single_proce
     assert_matches(step_losses(recipe, tmp_path), baselines["resnet18"][0])
 
 
+@pytest.mark.parity
 def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(tmp_path):
     """DeepSpeed keeps float32 master weights, so ZeRO is compared in float32, against the floor
     suite.verify uses: single again with its weights nudged by a few rounding errors. A fixed
@@ -182,12 +190,14 @@ def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(tmp_path)
 
 
 @pytest.mark.parametrize("model", list(SMALL))
+@pytest.mark.parity
 def test_layer_split_matches_single_process(model, baselines, tmp_path):
     """One process, whole batch: batch norm sees what single's sees, nothing to sync."""
     recipe = _recipe(model, {"name": "layer_split"}, **TWO_DEVICES)
     assert_matches(step_losses(recipe, tmp_path), baselines[model][0], learns=LEARNS[model])
 
 
+@pytest.mark.parity
 def test_resnet18_split_over_2_devices_on_2_ranks_matches_single_process(baselines, tmp_path):
     """2x2 hybrid: each rank's model in 2 parts, DDP across the ranks, batch norm synced over
     the ranks."""

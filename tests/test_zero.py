@@ -60,6 +60,7 @@ def stage_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parity
 def test_stage_matches_single_process(stage, stage_runs, adam_baseline):
     assert_matches(stage_runs[stage][1], adam_baseline)
 
@@ -69,11 +70,13 @@ def test_stage_matches_single_process(stage, stage_runs, adam_baseline):
     (zero(stage=3), {"training": training(grad_accumulation=2)}),
     (zero(stage=2, offload_optimizer=True), {}),  # stage 3 with all offloaded: test_no_cpp_op_is_compiled
 ], ids=["stage1-accumulation2", "stage3-accumulation2", "stage2-offload"])
+@pytest.mark.parity
 def test_accumulation_and_offload_match_single_process(strategy, changes, adam_baseline, tmp_path):
     recipe = make_recipe(strategy, world_size=WORLD, optimizer=ADAM, **changes)
     assert_matches(step_losses(recipe, tmp_path), adam_baseline)
 
 
+@pytest.mark.parity
 def test_sgd_with_momentum_matches_single_process(tmp_path_factory):
     """Not Adam: DeepSpeed needs zero_allow_untested_optimizer, and the torch SGD must step unchanged."""
     baseline = step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single-sgd"))
