@@ -45,10 +45,12 @@ PREDICTED = {"experiment": "experiment", "strategy": "strategy", "world_size": "
 SKIPPED = {"path": "run folder", "reason": "why skipped"}
 PARITY = {"run_id": "run", "strategy": "strategy", "world_size": "world size", "precision": "precision",
           "steps": "steps", "verdict": "verdict", "first_bad_step": "differs from step", "largest": "largest difference",
-          "of_bound": "of its bound"}
+          "of_bound": "of its bound", "telling_through": "telling through step"}
 PARITY_NOTE = ("Certificates of `python -m suite.verify`: the run's strategy against single on the same data, each step's "
                "loss difference judged against the noise floor (single with its weights nudged by a few rounding "
-               "errors); float64 where the strategy can train in it. Written as verify.json in the run's folder.")
+               "errors); float64 where the strategy can train in it. Written as verify.json in the run's folder. Telling through "
+               "step K: after K the floor passes 1 % of the loss (the run amplifies rounding that far) and a bug could "
+               "hide in it.")
 RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size",
         "seed": "seed", "epochs": "epochs", "steps": "steps", "train_time_s": "training time (s)",
         "samples_per_s": "samples/s", "final_train_loss": "train loss", "final_train_accuracy": "train accuracy",
@@ -117,7 +119,8 @@ def parity_rows(runs) -> list[dict]:
         rows.append({"run_id": run.run_id, "strategy": cert["strategy"], "world_size": cert["world_size"],
                      "precision": cert["precision"], "steps": len(cert["steps"]), "verdict": cert["verdict"],
                      "first_bad_step": cert["first_bad_step"], "largest": worst["difference"],
-                     "of_bound": worst["difference"] / worst["bound"] if worst["bound"] else None})
+                     "of_bound": worst["difference"] / worst["bound"] if worst["bound"] else None,
+                     "telling_through": cert.get("telling_through")})
     return rows
 
 

@@ -60,6 +60,19 @@ def test_the_loss_may_differ_by_its_own_rounding_even_where_the_floor_is_zero():
     assert [c.ok for c in checks] == [True, False]
 
 
+@pytest.mark.parity
+def test_the_verdict_says_from_which_step_the_floor_is_too_large_to_tell():
+    from suite.verify import Certificate
+
+    single = [2.0, 2.0, 2.0]
+    floor = [2.0, 2.0 + 1e-6, 2.0 + 1e-3]  # the nudged run parts by 1e-3 at step 3: bound 0.1 > 1% of 2.0
+    cert = Certificate("ddp", 2, "fp64", "float64", judge(single, single, floor, "fp64"))
+    assert cert.verdict == "equivalent" and cert.telling_through == 2
+    assert "from step 3 the floor passes 1% of the loss" in cert.verdict_line()
+    calm = Certificate("ddp", 2, "fp64", "float64", judge(single, single, single, "fp64"))
+    assert calm.telling_through == 3 and "tell little" not in calm.verdict_line()
+
+
 # ---- end to end ----------------------------------------------------------------------------
 
 def test_ddp_with_synced_batch_norm_is_equivalent_and_per_rank_batch_norm_differs(tmp_path):

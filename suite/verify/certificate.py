@@ -13,6 +13,10 @@ from pathlib import Path
 MARGIN = 100.0
 ULPS = 16  # the loss's own rounding: a sum over the batch in another order, in units of roundoff
 UNIT_ROUNDOFF = {"fp64": 2.0 ** -53, "fp32": 2.0 ** -24}
+# A bound above this share of the loss tells little: a model that amplifies rounding this far (an
+# unstable lr, float32 over many steps) hides what a bug would do. The verdict line says from
+# which step that is so.
+TELLING = 0.01
 # The floor run's nudge, in units of roundoff: at 1 most weights would round back to themselves
 # (1 + u x z is 1 for |z| < 1); at 4 nearly all move by one to a few ulps.
 NUDGE_ULPS = 4
@@ -44,6 +48,16 @@ class Certificate:
         return next((c.step for c in self.steps if not c.ok), None)
 
     @property
+    def telling_through(self) -> int:
+        """The last step before the first whose bound exceeds ``TELLING`` of the loss (0: none)."""
+        k = 0
+        for c in self.steps:
+            if c.bound > TELLING * abs(c.single_loss):
+                break
+            k = c.step
+        return k
+
+    @property
     def verdict(self) -> str:
         return "equivalent" if self.first_bad_step is None else "differs"
 
@@ -52,6 +66,9 @@ class Certificate:
         where = (f"largest difference {worst.difference:.3g} at step {worst.step}, "
                  f"{worst.difference / worst.bound:.2g}x its bound" if worst.bound else "")
         head = (f"{self.strategy} at world size {self.world_size} ({self.precision}, {len(self.steps)} steps): ")
+        if self.telling_through < len(self.steps):
+            where += (f"; from step {self.telling_through + 1} the floor passes {TELLING:.0%} of the loss "
+                      f"(rounding alone moves this run that far), so later steps tell little")
         if self.verdict == "equivalent":
             return head + f"equivalent to single within the noise floor ({where})"
         return head + f"differs from step {self.first_bad_step} ({where})"
@@ -67,7 +84,7 @@ class Certificate:
 
     def to_json(self) -> dict:
         return {**asdict(self), "verdict": self.verdict, "first_bad_step": self.first_bad_step,
-                "verdict_line": self.verdict_line()}
+                "telling_through": self.telling_through, "verdict_line": self.verdict_line()}
 
     def write(self, folder: Path) -> Path:
         path = Path(folder) / "verify.json"
