@@ -111,3 +111,12 @@ def machine() -> list[str]:
             f"- Load average when the benchmark started: {' '.join(f'{v:.2f}' for v in os.getloadavg())} "
             f"(other work on the machine moves the numbers)",
             f"- Python {platform.python_version()}, {', '.join(versions)}; {platform.platform()}"]
+
+
+def script_json(script: str, *args: str) -> dict:
+    """Run a measuring script beside this file in its own process with one thread (as one rank of
+    a 2-rank run on 2 cores has) and read the JSON object its last line prints."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])

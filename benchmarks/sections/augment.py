@@ -2,22 +2,14 @@
 against the train step it feeds (``augment_cost.py``, in its own process with one thread)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from common import HERE, ROOT, Section
+from common import Section, script_json
 
 SHARE = 0.03  # of a train step
 
 
 def run(bench) -> Section:
     s = Section("Augmentation cost")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(HERE / "augment_cost.py"), "--repeats", "2" if bench.quick else "5"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    m = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = script_json("augment_cost.py", "--repeats", "2" if bench.quick else "5")
     s.lines += [f"`base.yaml` data (synthetic 3x32x32, normalised), batches of {m['batch']}: mean fetch time per "
                 "batch over one epoch, without and with `data.augment={crop_padding: 4, hflip: true}` (medians of "
                 "interleaved epochs), and the cnn's median train step on one batch (`single`, one thread).", ""]

@@ -2,22 +2,14 @@
 (``batchnorm_cost.py``, in its own process with one thread, as a rank of a 2-rank run on 2 cores has)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from common import HERE, ROOT, Section
+from common import Section, script_json
 
 RATIO = 1.3  # synced / native, forward + backward, summed over ResNet-18's stage shapes
 
 
 def run(bench) -> Section:
     s = Section("Synced batch norm cost")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(HERE / "batchnorm_cost.py"), "--repeats", "5" if bench.quick else "30"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    m = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = script_json("batchnorm_cost.py", "--repeats", "5" if bench.quick else "30")
     s.lines += ["One batch-norm layer in training, forward + backward, on ResNet-18's feature maps at batch 32 "
                 "(CIFAR-sized input): torch's native `BatchNorm2d` against the suite's synced layer in a process "
                 "group of one (its two collectives called, no peer to wait for); medians of interleaved "

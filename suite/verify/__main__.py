@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from suite.errors import SuiteError
+from suite.errors import SuiteError, one_line
 
 
 def main(argv=None) -> int:
@@ -26,16 +26,16 @@ def main(argv=None) -> int:
     if args.steps < 2:
         p.error("--steps must be 2 or more")
     try:
-        from suite.verify import certify_many
-
-        recipes = _recipes(args)
-        certificates = certify_many(recipes, args.steps, args.out)
-    except SuiteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return one_line(_main, args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _main(args) -> int:
+    from suite.verify import certify_many
+
+    certificates = certify_many(_recipes(args), args.steps, args.out)
     for cert in certificates:
         print("\n".join(cert.lines()), flush=True)
     if len(certificates) > 1:
