@@ -166,3 +166,80 @@ def test_a_job_that_can_never_start_fails_within_a_minute_with_slurms_reason(tmp
                                                     text=True).stdout.strip():
         time.sleep(1)
     assert not subprocess.run(["squeue", "-h", "-j", job.job_id], capture_output=True, text=True).stdout.strip()
+
+
+def _held_two_node_job(tmp_path):
+    """A 2-node quickstart job submitted on hold: its id (and so its rendezvous ports) is known
+    before any rank starts."""
+    from suite import recipe as recipes
+    from suite.record import run_record
+    from suite.submit import launch
+
+    (recipe,) = recipes.load("recipes/quickstart.yaml", ["launch.executor=slurm", "launch.nodes=2",
+                                                         "launch.tasks_per_node=1", "training.epochs=1"])
+    recipe = recipe.model_copy(update={"launch": recipe.launch.model_copy(update={"sbatch_extra": {"hold": True}})})
+    run_dir = run_record.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
+    (job,) = launch.submit([(recipe, run_dir)])
+    return recipe, run_dir, job
+
+
+def _occupy(ports):
+    import socket
+
+    held = []
+    for port in ports:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))  # n1 is this machine (slurm/README.md)
+        s.listen(4)
+        held.append(s)
+    return held
+
+
+def _follow(job, run_dir, recipe, limit_s):
+    from suite.submit import follow
+
+    watch = follow.Watch(job, run_dir, recipe.training.epochs, printer=lambda *_: None)
+    subprocess.run(["scontrol", "release", job.job_id], check=True)
+    started = time.time()
+    while not watch.poll():
+        assert time.time() - started < limit_s, f"still waiting after {limit_s} s (state {watch.state})"
+        time.sleep(0.5)
+    return watch, time.time() - started
+
+
+def test_a_taken_rendezvous_port_moves_rank_0_to_the_next_and_the_job_completes(tmp_path):
+    from suite.train import rendezvous
+
+    recipe, run_dir, job = _held_two_node_job(tmp_path)
+    first, second = rendezvous.candidate_ports(job.job_id)[:2]
+    held = _occupy([first])
+    try:
+        watch, took_s = _follow(job, run_dir, recipe, 120)
+        assert watch.outcome()["status"] == "completed"
+    finally:
+        for s in held:
+            s.close()
+    assert f"taken; listening on {second}" in job.task(0).stdout()
+    print(f"occupied port {first}: rank 0 listened on {second}; the job completed {took_s:.1f} s after release")
+
+
+def test_every_rendezvous_port_taken_ends_the_job_within_60_s_naming_rank_0_and_the_ports(tmp_path):
+    from suite.errors import RunFailed
+    from suite.train import rendezvous
+
+    recipe, run_dir, job = _held_two_node_job(tmp_path)
+    ports = rendezvous.candidate_ports(job.job_id)
+    held = _occupy(ports)
+    try:
+        watch, took_s = _follow(job, run_dir, recipe, 60)
+        with pytest.raises(RunFailed) as failed:
+            watch.outcome()
+    finally:
+        for s in held:
+            s.close()
+    message = str(failed.value)
+    assert "\n" not in message and "failed: rank 0: SuiteError: rank 0 found every rendezvous port taken" in message, message
+    assert "died without a Python error" not in message, message  # rank 1 was ended by srun, not a cause
+    assert str(ports[0]) in message
+    print(f"every port taken: the job ended {took_s:.1f} s after release: {message}")

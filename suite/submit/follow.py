@@ -4,6 +4,7 @@ a message naming the job and the failing rank's log, within a bounded time: neve
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import time
@@ -174,6 +175,8 @@ class Watch:
         error = run_record.first_error(self.run_dir) or _submitit_error(self.job)
         dead = self._dead_ranks() if self.cancelled_by_us else []
         silent = _silent_ranks(self.job, self.run_dir) if (error or dead) and not self.cancelled_by_us else dead
+        if silent and error and not self.local and _srun_first_bad_exit(self.job) == error[0]:
+            silent = []  # srun ended them (--kill-on-bad-exit) after the erring rank exited: not a cause
         if silent:  # a rank vanished (killed, out of memory); its peers' errors only echo that
             rank = silent[0]
             echo = f"; its peers then failed: rank {error[0]}: {error[1]}" if error else ""
@@ -275,6 +278,18 @@ def _silent_ranks(job, run_dir: Path) -> list[int]:
     recorded = run_record.error_ranks(run_dir)
     return [k for k in range(job.num_tasks)
             if k not in recorded and not submitit_compat.left_result(job.task(k))]
+
+
+def _srun_first_bad_exit(job) -> int | None:
+    """The task srun saw exit with an error code first, from srun's own lines in task 0's log
+    (``srun: error: n1: task 0: Exited with exit code 1``, then ``task 1: Killed`` for the task
+    --kill-on-bad-exit ended); None when the first bad end was a kill, or srun said nothing."""
+    try:
+        text = Path(job.task(0).paths.stderr).read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"^srun: error: \S+: tasks? (\d+)[\d,-]*: (.*)$", text, re.MULTILINE)
+    return int(found.group(1)) if found and found.group(2).startswith("Exited with exit code") else None
 
 
 def _submitit_error(job):

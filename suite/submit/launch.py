@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,9 +21,10 @@ class TrainTask(submitit.helpers.Checkpointable):
     On requeue (time limit, preemption) submitit runs this same object again; ``suite.train.rank.run``
     finds the checkpoint in the run folder and resumes from it.
 
-    ``master_port``: the rendezvous port, chosen free on this machine for a local job. On Slurm it
-    is None and the port is seeded by the job id; a MASTER_PORT exported in the submitting shell is
-    never reused (two runs at once would join each other's rendezvous).
+    ``master_port``: a fixed rendezvous port, or None (local and Slurm jobs): rank 0 then picks one
+    outside the ephemeral range, seeded by the job id, and announces it in the run folder
+    (``suite.train.rendezvous``). A MASTER_PORT exported in the submitting shell is never reused
+    (two runs at once would join each other's rendezvous).
     ``watcher_pid``: the local ``suite.submit`` following the run (the run stops if it goes away).
     """
 
@@ -38,7 +38,7 @@ class TrainTask(submitit.helpers.Checkpointable):
         env = submitit.JobEnvironment()
         if env.cluster == "local":
             own_session()
-        join_rendezvous(env, self.master_port)
+        join_rendezvous(env, self.master_port, self.run_dir)
         ended = train_point(self.recipe_json, self.run_dir, self.watcher_pid)
         return env.global_rank if ended == "completed" else None
 
@@ -63,12 +63,20 @@ def own_session() -> None:
         pass
 
 
-def join_rendezvous(env, master_port: int | None) -> None:
-    """Export RANK, WORLD_SIZE, MASTER_ADDR/PORT for this task (``master_port``: see TrainTask)."""
+def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) -> None:
+    """Export RANK, WORLD_SIZE, MASTER_ADDR/PORT for this task (``master_port``: see TrainTask).
+    With ``run_dir`` and no ``master_port``, SCALESUITE_RENDEZVOUS names the file where rank 0
+    announces the port it listens on (``suite.train.dist.init`` reads it)."""
+    os.environ.pop("SCALESUITE_RENDEZVOUS", None)
     if master_port:
         os.environ["MASTER_PORT"] = str(master_port)
     else:
         os.environ.pop("MASTER_PORT", None)
+    if run_dir and not master_port and env.num_tasks > 1:
+        from suite.train import rendezvous
+
+        attempt = int(os.environ.get("SLURM_RESTART_COUNT", 0))  # a requeued job announces afresh
+        os.environ["SCALESUITE_RENDEZVOUS"] = str(rendezvous.announcement(run_dir, env.job_id, attempt))
     if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
         # Rendezvous from the job itself: first node's name and the port above.
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
@@ -93,9 +101,10 @@ def train_point(recipe_json: dict, run_dir: str, watcher_pid: int | None) -> str
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the ephemeral range (for mpirun's ranks and a warm pool's points)."""
+    from suite.train import rendezvous
+
+    return rendezvous.free_port()
 
 
 @contextmanager
@@ -128,7 +137,9 @@ def make_executor(launch, folder: Path):
                   slurm_additional_parameters=dict(launch.sbatch_extra) or None,
                   # MPI ranks: srun hands each task its MPI identity through PMIx (suite/submit/mpi.py
                   # says why PMIx and not PMI-2 with Debian's Open MPI)
-                  slurm_srun_args=["--mpi=pmix"] if launch.mpi else None)
+                  # --kill-on-bad-exit: a rank that exits with an error (before or after the
+                  # process group formed) ends the job's other tasks at once, not at a timeout
+                  slurm_srun_args=["--kill-on-bad-exit=1"] + (["--mpi=pmix"] if launch.mpi else []))
     ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return ex
 
@@ -163,7 +174,7 @@ def _submit(recipes_and_dirs: list, folder: Path | None, watched: bool) -> list:
             continue
         ex = make_executor(recipe.launch, run_dir / "submitit")
         local = recipe.launch.executor == "local"
-        task = TrainTask(recipe.model_dump(mode="json"), str(run_dir), master_port=free_port() if local else None,
+        task = TrainTask(recipe.model_dump(mode="json"), str(run_dir),
                          watcher_pid=os.getpid() if local and watched else None)
         if local:
             with ctrl_c_reaches_only_us():

@@ -11,6 +11,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -38,9 +39,11 @@ class DistContext:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the ephemeral range, which outgoing connections cannot take
+    (``suite.train.rendezvous``)."""
+    from suite.train import rendezvous
+
+    return rendezvous.free_port()
 
 
 # Rank, world size, local rank and local world size as MPI launchers name them: Open MPI's mpirun,
@@ -116,9 +119,30 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
     threads = cpus_per_task or max(1, len(os.sched_getaffinity(0)) // local_world)
     torch.set_num_threads(threads)
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=collective_timeout_s))
+        timeout = timedelta(seconds=collective_timeout_s)
+        announce = os.environ.get("SCALESUITE_RENDEZVOUS")
+        if announce and world > 1:  # suite.submit's ranks: ports outside the ephemeral range, bounded waits
+            store = _rendezvous(Path(announce), rank, world, collective_timeout_s)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+            if rank == 0:  # every rank has read it by now: the group formed through the store
+                Path(announce).unlink(missing_ok=True)
+        else:  # torchrun, mpirun and the like gave MASTER_ADDR/PORT themselves
+            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     return DistContext(rank, world, local_rank, local_world, devices[0], backend, devices)
+
+
+def _rendezvous(announce: Path, rank: int, world: int, collective_timeout_s: int):
+    """Rank 0 listens on a candidate port and announces it; the others connect to that one."""
+    from suite.train import rendezvous
+
+    host, wait_s = os.environ["MASTER_ADDR"], min(rendezvous.TIMEOUT_S, collective_timeout_s)
+    if rank == 0:
+        store, port = rendezvous.serve(announce, host, world, collective_timeout_s)
+    else:
+        store, port = rendezvous.join(announce, rank, host, world, wait_s)
+        store.set_timeout(timedelta(seconds=collective_timeout_s))
+    os.environ["MASTER_PORT"] = str(port)  # for anything that reads it later
+    return store
 
 
 def close() -> None:

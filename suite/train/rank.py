@@ -41,7 +41,12 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
     sdist.adopt_mpi_environment()  # ranks mpirun started learn their rank here, before it is recorded
     if run_dir is not None:  # before joining: a rank that dies in rendezvous is still known to have started
         run_record.record_rank_process(run_dir, int(os.environ.get("RANK", 0)))
-    ctx = sdist.init(launch.device, launch.devices_per_task, launch.cpus_per_task, launch.collective_timeout_s)
+    try:
+        ctx = sdist.init(launch.device, launch.devices_per_task, launch.cpus_per_task, launch.collective_timeout_s)
+    except BaseException as e:  # the rendezvous failed: said in the run record, so the follower ends the run
+        if run_dir is not None:
+            _record_error(Path(run_dir), int(os.environ.get("RANK", 0)), e)
+        raise
     try:
         if ctx.world_size != recipe.world_size:
             raise SuiteError(f"the recipe asks for world size {recipe.world_size} (launch.nodes x "
