@@ -54,6 +54,8 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
             print(f"warning: {line}", file=sys.stderr, flush=True)
             warned.add(line)
         estimates.append(est)
+    if not dry_run:
+        check_disk(points, estimates, Path(out))
     return estimates
 
 
@@ -69,6 +71,28 @@ def check_out(out: Path) -> None:
     except OSError as e:
         raise SuiteError(f"--out {out}: cannot write run records there ({e.strerror}); give a folder you can "
                          f"write, e.g. --out runs") from None
+
+
+def checkpoint_bytes(recipe, est: dict) -> int:
+    """A checkpoint's predicted bytes: each rank saves its own parameters and optimizer state."""
+    per_rank = est["per_rank"]
+    return recipe.world_size * int(per_rank.get("parameters", 0) + per_rank.get("optimizer_state", 0))
+
+
+def check_disk(points, estimates, out: Path) -> None:
+    """Refuse when ``--out`` has less free space than the submission's checkpoints need: twice
+    each run's checkpoint, since a new one is written beside the last good one before the switch."""
+    need = 2 * sum(checkpoint_bytes(r, est) for r, est in zip(points, estimates))
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise SuiteError(f"--out {out} has {_size(free)} free, but the checkpoints of this submission are predicted "
+                         f"to need {_size(need)} (parameters and optimizer state of every rank, twice: a new "
+                         f"checkpoint is written beside the last good one); free space there or give --out a "
+                         f"folder on a larger disk")
+
+
+def _size(n: float) -> str:
+    return f"{n / _GIB:.1f} GiB" if n >= 0.1 * _GIB else f"{n / 2**20:.1f} MiB"
 
 
 # ---- device and data -----------------------------------------------------------------------

@@ -9,6 +9,7 @@ crash at any moment (even SIGKILL mid-write) leaves ``latest.json`` naming a com
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -31,23 +32,43 @@ def save(run_dir: Path, ctx, engine, loop_state: dict) -> None:
     target.mkdir(parents=True, exist_ok=True)
     state = {"engine": engine.state_dict(), "loop": loop_state, "rng": _rng_state()}
     tmp = target / f".rank{ctx.rank}.pt.tmp"
-    torch.save(state, tmp)
-    _maybe_die_while_saving(ctx.rank, step)
-    os.replace(tmp, target / f"rank{ctx.rank}.pt")
+    try:
+        torch.save(state, tmp)
+        _maybe_die_while_saving(ctx.rank, step)
+        os.replace(tmp, target / f"rank{ctx.rank}.pt")
+    except OSError as e:
+        tmp.unlink(missing_ok=True)  # give back what the half-written file took
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise SuiteError(_disk_full(run_dir, ctx.rank, step)) from None
     if ctx.world_size > 1:
         dist.barrier()  # every rank's file is in place before latest.json says so
     if ctx.is_main:
         # Every rank logged its records up to this step before the barrier: a resumed run keeps
         # metrics.jsonl up to here and drops what the stopped attempt logged after (it is redone).
         records = Path(run_dir) / "metrics.jsonl"
-        run_record.write_json_atomic(folder(run_dir) / "latest.json", {
-            "step": step, "world_size": ctx.world_size, "folder": target.name,
-            "metrics_bytes": records.stat().st_size if records.exists() else 0})
+        try:  # written aside and replaced: a full disk leaves the old latest.json
+            run_record.write_json_atomic(folder(run_dir) / "latest.json", {
+                "step": step, "world_size": ctx.world_size, "folder": target.name,
+                "metrics_bytes": records.stat().st_size if records.exists() else 0})
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise SuiteError(_disk_full(run_dir, ctx.rank, step)) from None
         for old in folder(run_dir).glob("step-*"):
             if old.name != target.name:
                 shutil.rmtree(old, ignore_errors=True)
     if ctx.world_size > 1:
         dist.barrier()  # no rank runs ahead into a save that rank 0 might still be cleaning up
+
+
+def _disk_full(run_dir: Path, rank: int, step: int) -> str:
+    """The line for a disk that filled during a save: the folder, and what is still saved."""
+    saved = latest(run_dir)
+    kept = (f"the last good checkpoint (step {saved['step']}, {folder(run_dir) / saved['folder']}) is intact"
+            if saved else "no earlier checkpoint was saved")
+    return (f"the disk of {folder(run_dir)} is full (or over quota): rank {rank} could not save the checkpoint "
+            f"of step {step}; {kept}; free space there and continue with python -m suite.submit --resume {run_dir}")
 
 
 def load(run_dir: Path, ctx, engine) -> dict | None:
@@ -67,11 +88,14 @@ def load(run_dir: Path, ctx, engine) -> dict | None:
 
 def _maybe_die_while_saving(rank: int, step: int) -> None:
     """Fault injection for tests: SCALESUITE_FAIL_AT=RANK:STEP:kill-in-save SIGKILLs this rank
-    after its new file is written but before it is in place (a crash in the middle of a save)."""
+    after its new file is written but before it is in place (a crash in the middle of a save);
+    RANK:STEP:disk-full raises ENOSPC there (a disk that fills during the save)."""
     spec = os.environ.get("SCALESUITE_FAIL_AT", "")
     if spec == f"{rank}:{step}:kill-in-save":
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
+    if spec == f"{rank}:{step}:disk-full":  # the disk fills as this save is written
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _rng_state() -> dict:
