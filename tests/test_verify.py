@@ -27,8 +27,12 @@ RECIPE = {
 
 
 def _verify(tmp_path, *args, recipe=RECIPE, env=None):
+    """suite.verify as a user runs it: W&B as the recipe says (offline), not the tests' WANDB_MODE."""
+    import os
+
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
+    env = {k: v for k, v in (env or os.environ).items() if k != "WANDB_MODE"}
     proc = subprocess.run([sys.executable, "-m", "suite.verify", str(path), "--steps", str(STEPS),
                            "--out", str(tmp_path / "runs"), *args], capture_output=True, text=True, timeout=600,
                           env=env)
