@@ -82,9 +82,17 @@ class Watch:
         else:
             state = self.job.get_info(mode="force").get("State") or "UNKNOWN"  # asks Slurm now, not a cache
         if state != self.state:
+            if self._ran_between_polls(state):  # a short job can pass PENDING -> COMPLETED between two polls
+                self.printer(f"[{self.job.job_id}] RUNNING")
             if state != "ENDED":
                 self.printer(f"[{self.job.job_id}] {state}")
             self.state = state
+
+    def _ran_between_polls(self, state: str) -> bool:
+        """A Slurm job seen pending, then ended, whose tasks wrote their logs: it ran in between."""
+        was = (self.state or "").split()[:1]
+        return (not self.local and was in ([], ["PENDING"]) and state.split()[0] in _ENDED
+                and any(self.job.task(k).paths.stdout.exists() for k in range(self.job.num_tasks)))
 
     def _report_started_ranks(self) -> None:
         started = {k for k in range(self.job.num_tasks) if self.job.task(k).paths.stdout.exists()}
