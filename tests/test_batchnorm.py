@@ -224,3 +224,29 @@ def test_a_wrong_backward_formula_is_caught_by_the_float64_comparison(monkeypatc
         monkeypatch.setattr(dist, "all_reduce", real)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(ranks[0]["x_grad"], whole["x_grad"].chunk(WORLD)[0], **CLOSE)
+
+
+def test_synced_batchnorm_runs_under_bf16_autocast_with_float32_statistics():
+    """bf16 autocast hands batch norm bf16 inputs: the synced layer keeps float32 statistics, as
+    native batch norm does (its first native version mixed bf16 and float32 and failed here)."""
+    import copy
+
+    def rank_part():
+        dist.init_process_group("gloo")
+        try:
+            torch.manual_seed(0)
+            native = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+            synced = batchnorm.sync(copy.deepcopy(native), dist.group.WORLD, torch.device("cpu"))
+            x = 3 + 2 * torch.randn(4, 3, 8, 8)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                outs = [net(x) for net in (native, synced)]
+            outs[1].float().sum().backward()
+            return (outs[1].dtype == torch.bfloat16, synced[1].running_var.dtype == torch.float32,
+                    (outs[0].float() - outs[1].float()).abs().max().item(),
+                    (native[1].running_var - synced[1].running_var).abs().max().item())
+        finally:
+            dist.destroy_process_group()
+
+    bf16_out, float_stats, out_diff, var_diff = run_ranks(rank_part, 1)[0]
+    assert bf16_out and float_stats
+    assert out_diff <= 2 ** -6 and var_diff <= 1e-5  # a bf16 ulp at |out| < 4; statistics in float32

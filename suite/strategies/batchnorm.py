@@ -98,15 +98,16 @@ def _local_statistics(x: torch.Tensor):
     them (the squared deviations from the rounded mean: no E[x^2] - E[x]^2 cancellation), from
     torch's fast native reductions: the channel sums, then the sum of (x - mean)^2 through the
     eval-form batch-norm backward kernel (its weight gradient is sum(dy * (x - mean) * invstd);
-    dy = x - mean and invstd = 1 make it the sum of squares), in 0.3 of the time of
+    dy = input = x - mean, mean 0 and invstd 1 make it the sum of squares), in 0.3 of the time of
     ``torch.batch_norm_update_stats`` over the same values."""
     dims = [0, *range(2, x.dim())]
     n = x.numel() // x.shape[1]
-    mean = x.sum(dims) / n
+    mean = x.sum(dims, dtype=_stat_dtype(x)) / n  # float32 statistics for bf16 inputs too (autocast)
     shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
-    centred = x - mean.view(shape)
+    centred = x - mean.view(shape)  # in the statistics' dtype (bf16 inputs: float32)
     _, squares, _ = torch.ops.aten.native_batch_norm_backward(
-        centred, x, None, mean, torch.ones_like(mean), None, None, False, 0.0, [False, True, False])
+        centred, centred, None, torch.zeros_like(mean), torch.ones_like(mean), None, None, False, 0.0,
+        [False, True, False])
     return mean, squares / n
 
 
