@@ -117,11 +117,7 @@ def per_rank_batchnorm_losses(recipe) -> list[float]:
         torch.manual_seed(tr.seed)
         model = build_model(recipe.model, recipe.data.spec())
         model.train()
-        if opt.name == "sgd":
-            optimizer = torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
-        else:
-            cls = torch.optim.Adam if opt.name == "adam" else torch.optim.AdamW
-            optimizer = cls(model.parameters(), lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
+        optimizer = train_rank.make_optimizer(opt, model.parameters())
         losses = []
         for batches in zip(*loaders):
             if len(losses) == tr.max_steps:

@@ -100,17 +100,19 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
             _perturb(model, tr.init_perturbation, tr.seed)
         return model
 
-    def make_optimizer(params):
-        if opt.name == "sgd":
-            return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
-        cls = torch.optim.Adam if opt.name == "adam" else torch.optim.AdamW
-        return cls(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
-
-    return Setup(ctx=ctx, build_model=model_factory, make_optimizer=make_optimizer,
+    return Setup(ctx=ctx, build_model=model_factory, make_optimizer=lambda params: make_optimizer(opt, params),
                  task=Task(recipe.model.task, spec.num_classes), plan=recipe.plan(),
                  activation_checkpointing=tr.activation_checkpointing, compile=tr.compile,
                  sync_batchnorm=tr.sync_batchnorm, grad_clip_norm=tr.grad_clip_norm, seed=tr.seed,
                  run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
+
+
+def make_optimizer(opt, params) -> torch.optim.Optimizer:
+    """The torch optimizer the recipe's ``optimizer`` section names, over ``params``."""
+    if opt.name == "sgd":
+        return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+    cls = torch.optim.Adam if opt.name == "adam" else torch.optim.AdamW
+    return cls(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
 
 
 @torch.no_grad()
