@@ -19,7 +19,7 @@ import yaml
 from analysis import plots, render, study as studies, tables, wandb_runs
 from analysis.runs import RECORD_FILES, find_run_dirs, load_all
 from suite.record import run_record
-from suite.errors import SuiteError, one_line
+from suite.common.errors import SuiteError, one_line
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 
@@ -56,7 +56,7 @@ RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "
         "samples_per_s": "samples/s", "final_train_loss": "train loss", "final_train_accuracy": "train accuracy",
         "final_val_loss": "val loss", "final_val_accuracy": "val accuracy"}
 
-PREDICTED_NOTE = ("The plan's prediction each run recorded (summary.json `predicted`) against what the run "
+PREDICTED_NOTE = ("The planner's prediction each run recorded (summary.json `predicted`) against what the run "
                   "measured; error = predicted / measured - 1. Held bytes and peak memory: the rank with most "
                   "(peak memory is the most bytes the rank had allocated at once from the model build on, "
                   "`peak_allocated_bytes`: on CPU what malloc handed out, not the resident set, which keeps freed "

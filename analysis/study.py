@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from analysis import tables
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 # unit families: unit -> size in the family's base unit
 TIME = {"s": 1.0, "ms": 1e-3, "min": 60.0, "h": 3600.0}

@@ -236,7 +236,7 @@ def relative_error(predicted, measured):
 
 
 def prediction_rows(runs) -> list[dict]:
-    """The plan's prediction (summary ``predicted``, ``suite.planner.predict``) beside what the run
+    """The planner's prediction (summary ``predicted``, ``suite.planner.predict``) beside what the run
     measured: held bytes and peak memory of the rank that had most, median step time, samples/s."""
     rows = []
     for r in runs:
@@ -244,7 +244,7 @@ def prediction_rows(runs) -> list[dict]:
         if not p:
             continue
         ranks = s.get("ranks") or []
-        # The peak the plan predicts: the bytes allocated from the model build on
+        # The peak the planner predicts: the bytes allocated from the model build on
         # (suite.record.allocated); older runs have only the resident set above start, or the whole one.
         peak_key = next((k for k in ("peak_allocated_bytes", "peak_memory_above_start_bytes")
                          if any(x.get(k) is not None for x in ranks)), "peak_memory_bytes")

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
 from suite import recipe as recipes, strategies  # noqa: E402
+from suite.common.ports import free_port  # noqa: E402
 from suite.train import dist as sdist, rank as train_rank  # noqa: E402
 
 AUGMENT = "data.augment={crop_padding: 4, hflip: true}"
@@ -42,7 +43,7 @@ def fetch_ms(recipe, epoch: int) -> float:
 def step_ms(recipe, steps: int) -> float:
     """Median time of the cnn's train step on one augmented batch."""
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(sdist.free_port()))
+                      MASTER_PORT=str(free_port()))
     ctx = sdist.init("cpu")
     try:
         engine = strategies.build(recipe.strategy, train_rank.make_setup(recipe, ctx))

@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from suite.strategies import batchnorm  # noqa: E402
-from suite.train import dist as sdist  # noqa: E402
+from suite.common.ports import free_port  # noqa: E402
 
 SHAPES = [(32, 64, 32, 32), (32, 128, 16, 16), (32, 256, 8, 8), (32, 512, 4, 4)]  # ResNet-18's stages
 # Whole networks, not tuned to: a train step's forward + backward with every batch-norm layer
@@ -65,7 +65,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=30)
     args = p.parse_args()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sdist.free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         rows = []

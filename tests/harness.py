@@ -15,7 +15,7 @@ import traceback
 import torch
 import torch._dynamo  # noqa: F401  (imported once, before forking)
 
-from suite.train.dist import free_port
+from suite.common.ports import free_port
 
 
 def _child(fn, rank, world_size, port, conn, args, kwargs):

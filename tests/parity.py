@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from suite import recipe as recipes
+from suite.tasks import train as rank_task
 from suite.train import rank as train_rank
 from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
@@ -37,7 +38,7 @@ def make_recipe(strategy: dict, world_size: int = 1, precision: str | None = Non
     section names one (the bf16 tests); by default fp64, or fp32 for a strategy that cannot train
     in float64 (its ``no_fp64``, or a key it refuses with fp64), whose baseline must then ask
     for fp32 (``make_recipe({"name": "single"}, precision=recipe.training.precision)``)."""
-    from suite.errors import SuiteError
+    from suite.common.errors import SuiteError
 
     if precision is None:
         try:
@@ -60,7 +61,7 @@ def tolerance(recipe) -> float:
 def step_losses(recipe, run_dir: Path, timeout_s: float = 240) -> list[float]:
     """Run the recipe on forked ranks; the global loss of each step, as the run record has it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_ranks(train_rank.run, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
+    run_ranks(rank_task.train, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
     steps = read_metrics(run_dir, kind="step", rank=0)
     return [s["global_loss"] for s in sorted(steps, key=lambda s: s["step"])]
 
@@ -79,7 +80,7 @@ def assert_matches(losses: list[float], baseline: list[float], tolerance: float 
 
 def assert_holds_share(summary: dict, baseline_summary: dict, predicted: dict, share: float) -> None:
     """Every rank of ``summary`` holds ``share`` of the baseline's parameters, gradients and
-    optimizer state, as ``predicted`` (``suite.estimate``) says, within 2% (padding, small tensors)."""
+    optimizer state, as ``predicted`` (``suite.planner.memory``) says, within 2% (padding, small tensors)."""
     whole = baseline_summary["ranks"][0]["held_bytes"]
     for rank in summary["ranks"]:
         for kind in ("parameters", "gradients", "optimizer_state"):
@@ -103,15 +104,15 @@ def per_rank_batchnorm_losses(recipe) -> list[float]:
     from suite.models.task import Task
     from suite.strategies.prepare import default_dtype, input_dtype
 
-    tr, opt, plan = recipe.training, recipe.optimizer, recipe.plan()
-    assert plan.accumulation_steps == 1 and opt.schedule.name == "constant" and not opt.schedule.warmup_steps, \
+    tr, opt, layout = recipe.training, recipe.optimizer, recipe.layout()
+    assert layout.accumulation_steps == 1 and opt.schedule.name == "constant" and not opt.schedule.warmup_steps, \
         "the reference covers neither accumulation nor lr schedules"
     train_set, _ = recipe.data.load()
     loaders = []
-    for rank in range(plan.dp_size):
-        sampler = DistributedSampler(train_set, num_replicas=plan.dp_size, rank=rank, shuffle=True, seed=tr.seed,
+    for rank in range(layout.dp_size):
+        sampler = DistributedSampler(train_set, num_replicas=layout.dp_size, rank=rank, shuffle=True, seed=tr.seed,
                                      drop_last=True)
-        loaders.append(recipe.data.train_loader(train_set, sampler, plan.rank_batch, tr.seed))
+        loaders.append(recipe.data.train_loader(train_set, sampler, layout.rank_batch, tr.seed))
     task, dtype = Task(recipe.model.task, recipe.data.spec().num_classes), input_dtype(tr.precision)
     with default_dtype(tr.precision):
         torch.manual_seed(tr.seed)
@@ -126,8 +127,8 @@ def per_rank_batchnorm_losses(recipe) -> list[float]:
             for x, y in batches:
                 x = x.to(dtype) if dtype is not None and x.is_floating_point() else x
                 loss = task.loss(model(x), x, y)
-                (loss / plan.dp_size).backward()
-                step_loss += loss.item() / plan.dp_size
+                (loss / layout.dp_size).backward()
+                step_loss += loss.item() / layout.dp_size
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(step_loss)

@@ -24,9 +24,9 @@ def continued_and_resumed(recipe, steps: int = 3):
     try:
         setup = train_rank.make_setup(recipe, ctx)
         data, _ = recipe.data.load()
-        n = recipe.plan().rank_batch
+        n = recipe.layout().rank_batch
         x, y = data.tensors[0][ctx.rank * n:(ctx.rank + 1) * n], data.tensors[1][ctx.rank * n:(ctx.rank + 1) * n]
-        if recipe.plan().dp_size == 1:  # ranks of one pipeline read the same batch
+        if recipe.layout().dp_size == 1:  # ranks of one pipeline read the same batch
             x, y = data.tensors[0][:n], data.tensors[1][:n]
         first = strategies.build(recipe.strategy, setup)
         _steps(first, x, y, steps)

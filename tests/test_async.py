@@ -20,11 +20,11 @@ from torch import nn
 
 from analysis import runs as analysis_runs, tables
 from suite import recipe as recipes
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies import hogwild
 from suite.strategies.param_server import Server
 from suite.train import rank as train_rank
-from suite.train.dist import free_port
+from suite.common.ports import free_port
 from tests.harness import _child, run_ranks
 from tests.parity import assert_matches, make_recipe, step_losses
 

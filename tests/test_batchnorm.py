@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from suite.plan import build as build_plan
+from suite.strategies.layout import build as build_layout
 from suite.strategies import STRATEGIES, batchnorm
-from suite.train.dist import DistContext
+from suite.strategies.context import DistContext
 from tests.harness import run_ranks
 
 pytestmark = pytest.mark.parity  # every test here: rerun under each CPU kernel set
@@ -134,15 +134,15 @@ def test_torch_syncbatchnorm_does_not_run_on_cpu():
 ])
 def test_batchnorm_syncs_over_the_ranks_that_hold_the_same_part_of_the_model(strategy, world, groups):
     options = STRATEGIES[strategy["name"]].Options(**strategy)
-    assert build_plan(options, world_size=world, batch_size=64).dp_groups() == groups
+    assert build_layout(options, world_size=world, batch_size=64).dp_groups() == groups
 
 
 def test_one_data_parallel_rank_leaves_batchnorm_alone():
     from suite.strategies.engine import Setup
 
-    plan = build_plan(STRATEGIES["layer_split"].Options(), world_size=1, batch_size=8, devices_per_task=2)
+    layout = build_layout(STRATEGIES["layer_split"].Options(), world_size=1, batch_size=8, devices_per_task=2)
     ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", (torch.device("cpu"),) * 2)
-    setup = Setup(ctx=ctx, build_model=None, make_optimizer=None, task=None, plan=plan, sync_batchnorm=True)
+    setup = Setup(ctx=ctx, build_model=None, make_optimizer=None, task=None, layout=layout, sync_batchnorm=True)
     model = setup.prepare(nn.Sequential(nn.BatchNorm1d(4)))
     assert setup.batchnorm_group() is None and not batchnorm.is_synced(model[0])
 

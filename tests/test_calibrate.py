@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from suite.planner import alpha_beta, calibrate, timing
+from suite.calibrate import __main__ as calibrate_command, measure as calibrate
+from suite.planner import alpha_beta, calibration, timing
 from suite.planner.profile import StepProfile
 
 ALPHA_S, BETA = 1e-4, 1e9  # a hand-made calibration: 100 µs, 1 GB/s, for every kind
@@ -91,7 +92,7 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
         assert errors[len(errors) // 2] <= 1.0, (kind, f["points"], predicted)
     assert c["compute"]["peak_flops_per_s_by_threads"]["1"] > 0
     assert c["compute"]["copy_bytes_per_s"] > 0 and "memory copy: 1 thread" in proc.stdout
-    assert calibrate.load(backend="gloo")["key"] == c["key"]  # found again in the cache by host
+    assert calibration.load(backend="gloo")["key"] == c["key"]  # found again in the cache by host
     table = proc.stdout
     assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
 
@@ -126,7 +127,7 @@ def test_calibrate_with_a_recipe_times_each_world_and_the_model_with_as_many_ran
 
 
 def test_calibrate_refuses_one_rank_in_one_line(capsys):
-    assert calibrate.main(["--world-size", "1"]) == 2
+    assert calibrate_command.main(["--world-size", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --world-size 1") and "\n" not in err
 

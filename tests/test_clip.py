@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.record.run_record import read_json, read_metrics
 from suite.strategies import _deepspeed
 from tests.parity import BASE, FP32_TOLERANCE, assert_matches, make_recipe, step_losses, tolerance

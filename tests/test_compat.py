@@ -13,7 +13,7 @@ import torch
 
 from suite.compat import CHECKED, CompatError, deepspeed as ds_compat, import_internal, installed_version, require_attr
 from suite.compat import submitit as submitit_compat, torch as torch_compat, torchvision as tv_compat
-from suite.estimate import parameter_count
+from suite.planner.memory import parameter_count
 from suite.strategies import _deepspeed
 from tests.parity import BASE, make_recipe, step_losses
 from tests.test_zero import held, near

@@ -72,7 +72,7 @@ def test_a_custom_model_under_ddp_matches_the_single_process_baseline(tmp_path):
 
 def test_built_ins_are_entries_of_the_same_contract():
     """Every built-in model factory takes (spec, **its options' fields), as a custom target must."""
-    from suite.factories import check_kwargs
+    from suite.common.factories import check_kwargs
 
     for name, (options, factory) in MODELS.items():
         if name != "custom":
@@ -244,7 +244,7 @@ def test_factories_and_constructors_are_told_apart_by_the_first_parameter():
     import torchvision
     from torch import nn
 
-    from suite.factories import takes_spec
+    from suite.common.factories import takes_spec
 
     assert takes_spec(takes_spec_first) and takes_spec(takes_annotated_data) and takes_spec(takes_data_spec)
     assert not takes_spec(takes_keywords) and not takes_spec(torchvision.models.resnet18)

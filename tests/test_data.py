@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from suite.data import DATASETS
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 def write_idx(path, array: np.ndarray):

@@ -9,7 +9,7 @@ from collections import namedtuple
 import pytest
 
 from suite import recipe as recipes
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.submit import preflight
 from tests.test_recipe_errors import QUICKSTART
 

@@ -207,7 +207,7 @@ def test_no_parity_smoke_after_the_collectives_failed(monkeypatch, capsys):
 
     monkeypatch.setattr(collectives, "check_backend", broken_backend)
     monkeypatch.setattr(parity, "parity_smoke", parity_smoke)
-    up = checkup.run(checkup.Plan(quick=True))
+    up = checkup.run(checkup.CheckupSpec(quick=True))
     skipped = up.checks[-1]
     assert (skipped.name, skipped.status) == ("parity", "skip")
     assert "gloo x2 all_reduce exact" in skipped.detail

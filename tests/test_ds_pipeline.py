@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from suite.errors import SuiteError
-from suite.estimate import parameter_count
+from suite.common.errors import SuiteError
+from suite.planner.memory import parameter_count
 from suite.strategies import _deepspeed
 from suite.record.run_record import read_json, read_metrics
 from tests.harness import run_ranks
@@ -79,7 +79,7 @@ def test_vgg11_split_in_two_matches_single_process(tmp_path_factory):
 @pytest.mark.parity
 def test_two_stages_times_two_data_parallel_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({**PIPE, "micro_batches": 2, "zero_stage": 1}, world_size=4)
-    assert recipe.plan().dp_size == 2
+    assert recipe.layout().dp_size == 2
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies import fairscale_oss
 from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from suite.errors import SuiteError
-from suite.estimate import predicted_held_bytes
+from suite.common.errors import SuiteError
+from suite.planner.memory import predicted_held_bytes
 from suite.strategies import fsdp
 from suite.record.run_record import read_json
 from tests.parity import BASE, assert_holds_share, assert_matches, make_recipe, step_losses

@@ -4,7 +4,7 @@ parameters, gradients and optimizer state on each rank."""
 import pytest
 import torch.distributed as dist
 
-from suite.estimate import predicted_held_bytes
+from suite.planner.memory import predicted_held_bytes
 from suite.record.run_record import read_json
 from suite.strategies import fsdp1
 from tests.parity import BASE, assert_holds_share, assert_matches, make_recipe, step_losses

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from tests.parity import make_recipe
 
 

@@ -4,8 +4,8 @@ every hop moves the activations."""
 import pytest
 import torch
 
-from suite.train.dist import DistContext
-from suite.errors import SuiteError
+from suite.strategies.context import DistContext
+from suite.common.errors import SuiteError
 from suite.strategies import layer_split
 from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
@@ -29,7 +29,7 @@ def test_two_devices_in_one_process_match_single_process(split_at, baseline, tmp
 @pytest.mark.parity
 def test_mp_ddp_at_world_size_2_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "layer_split"}, world_size=2, **TWO_DEVICES)
-    assert recipe.plan().dp_size == 2
+    assert recipe.layout().dp_size == 2
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 

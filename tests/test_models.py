@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from suite.data import DataSpec
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models import MODELS, build
 
 

@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from suite import recipe as recipes
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.record.run_record import read_metrics
 from suite.submit import cli
-from suite.train import dist, mpi as rank_mpi
+from suite.common import mpi as rank_mpi
+from suite.train import dist
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 
 
@@ -60,7 +61,7 @@ def submit(recipe: str, out, *args, env=None, **popen):
 
 
 def mpi_ranks_of(run_dir) -> list[int]:
-    found = subprocess.run(["pgrep", "-f", f"suite.submit.mpi_task {run_dir}"], capture_output=True, text=True)
+    found = subprocess.run(["pgrep", "-f", f"suite.tasks.mpi {run_dir}"], capture_output=True, text=True)
     return [int(pid) for pid in found.stdout.split()]
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies.pipeline import bubble_formula
 from suite.strategies.splitting import balanced_split
 from suite.record.run_record import read_metrics
@@ -76,7 +76,7 @@ def test_split_points_from_the_recipe_match_too(baseline, tmp_path):
 @pytest.mark.parity
 def test_data_x_pipeline_on_a_2x2_mesh_matches_single_process(dp_mode, baseline, tmp_path):
     recipe = make_recipe({"name": "pipeline", "dp": 2, "stages": 2, "dp_mode": dp_mode}, world_size=4)
-    assert recipe.plan().dp_size == 2
+    assert recipe.layout().dp_size == 2
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 

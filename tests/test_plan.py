@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from suite import plan as plans
-from suite.errors import SuiteError
-from suite.plan import Axis
+from suite.strategies import layout as layouts
+from suite.common.errors import SuiteError
+from suite.strategies.layout import Axis
 from tests.harness import run_ranks
 from tests.parity import BASE, make_recipe
 
@@ -19,34 +19,34 @@ def _options(name, axes, chunks=1):
 
 def test_the_batch_splits_into_ranks_accumulation_steps_and_pipeline_chunks():
     opts = _options("p", [Axis("data", None, "strategy.dp", data=True), Axis("pipeline", 2, "strategy.stages")], 4)
-    plan = plans.build(opts, world_size=4, batch_size=64, accumulation_steps=2)
-    assert (plan.dp_size, plan.rank_batch, plan.accumulation_batch, plan.chunk_batch) == (2, 32, 16, 4)
+    layout = layouts.build(opts, world_size=4, batch_size=64, accumulation_steps=2)
+    assert (layout.dp_size, layout.rank_batch, layout.accumulation_batch, layout.chunk_batch) == (2, 32, 16, 4)
 
 
 def test_ranks_that_differ_only_outside_the_data_axes_share_a_shard():
-    pipeline = make_recipe({"name": "pipeline", "dp": 2, "stages": 2}, world_size=4).plan()  # data outer
+    pipeline = make_recipe({"name": "pipeline", "dp": 2, "stages": 2}, world_size=4).layout()  # data outer
     assert [pipeline.dp_rank(r) for r in range(4)] == [0, 0, 1, 1]
     assert pipeline.coordinates(3) == {"data": 1, "pipeline": 1}
-    ds = make_recipe({"name": "ds_pipeline", "stages": 2, "micro_batches": 2}, world_size=4).plan()  # data inner
+    ds = make_recipe({"name": "ds_pipeline", "stages": 2, "micro_batches": 2}, world_size=4).layout()  # data inner
     assert [ds.dp_rank(r) for r in range(4)] == [0, 1, 0, 1]
-    hybrid = make_recipe({"name": "fsdp", "replicate": 2}, world_size=4).plan()  # both axes read data
+    hybrid = make_recipe({"name": "fsdp", "replicate": 2}, world_size=4).layout()  # both axes read data
     assert [hybrid.dp_rank(r) for r in range(4)] == [0, 1, 2, 3]
 
 
-def _mesh_ranks(plan):
+def _mesh_ranks(layout):
     from suite.train import dist as sdist
 
     ctx = sdist.init("cpu")
     try:
-        mesh = plan.device_mesh(ctx)
-        return {name: mesh.get_local_rank(name) for name in plan.axes}, plan.coordinates(ctx.rank)
+        mesh = layout.device_mesh(ctx)
+        return {name: mesh.get_local_rank(name) for name in layout.axes}, layout.coordinates(ctx.rank)
     finally:
         sdist.close()
 
 
 def test_coordinates_are_those_of_torchs_device_mesh():
-    plan = make_recipe({"name": "tensor", "dp": 2}, world_size=4).plan()
-    for from_mesh, from_plan in run_ranks(_mesh_ranks, 4, plan):
+    layout = make_recipe({"name": "tensor", "dp": 2}, world_size=4).layout()
+    for from_mesh, from_plan in run_ranks(_mesh_ranks, 4, layout):
         assert from_mesh == from_plan
 
 

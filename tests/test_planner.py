@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from suite import recipe as recipes
-from suite.errors import SuiteError
-from suite.estimate import predicted_held_bytes
-from suite.planner import analytic, cli, fake_run
+from suite.common.errors import SuiteError
+from suite.planner.memory import predicted_held_bytes
+from suite.plan import __main__ as cli
+from suite.planner import analytic, fake_run, table
 from suite.record.run_record import read_json
 from tests.parity import BASE, make_recipe, step_losses
 
@@ -30,7 +31,7 @@ SMALL_TRANSFORMER = _raw(TRANSFORMER["model"], TRANSFORMER["data"], 1024)
 
 
 def _profiles(raw, strategies: str, worlds) -> dict:
-    points = cli.plan(raw, cli.strategy_specs(strategies, raw["strategy"]), worlds, jobs=2, progress=lambda _: None)
+    points = table.plan(raw, table.strategy_specs(strategies, raw["strategy"]), worlds, jobs=2, progress=lambda _: None)
     failed = [(p.label, p.world_size, p.excluded or p.error) for p in points if not p.profile]
     assert not failed, failed
     return {(p.label, p.world_size): p.profile for p in points}
@@ -130,7 +131,7 @@ def test_predicted_held_bytes_equal_a_real_runs_at_world_2_and_the_peak_is_withi
     assert predicted.held_bytes == measured
     assert predicted.held_bytes == {k: int(v) for k, v in predicted_held_bytes(recipe)["per_rank"].items()}
     # The peak the run measured (the bytes malloc handed out, suite.record.allocated), held to the
-    # plan's fake run and to the analytic rule the run recorded for itself.
+    # planner's fake run and to the analytic rule the run recorded for itself.
     peak = max(r["peak_allocated_bytes"] for r in summary["ranks"])
     for what, bytes_ in (("fake run", predicted.peak_bytes), ("recorded", summary["predicted"]["peak_bytes"])):
         assert abs(bytes_ / peak - 1) <= 0.2, (what, bytes_, peak)
@@ -168,6 +169,6 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(SuiteError, match="--world='2,x'"):
         cli._worlds("2,x")
     with pytest.raises(SuiteError, match="'nope' is not a strategy"):
-        cli.strategy_specs("ddp,nope", {})
+        table.strategy_specs("ddp,nope", {})
     with pytest.raises(SuiteError, match="must be key=value"):
-        cli.strategy_specs("zero:stage", {})
+        table.strategy_specs("zero:stage", {})

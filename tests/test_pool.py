@@ -112,7 +112,7 @@ def test_polls_slow_down_while_ranks_train_and_a_stand_in_waits_without_polling(
     import time
 
     from suite.submit.follow import SLOWEST_POLL_S, poll_interval_s
-    from suite.submit.pool_task import wait_for_exit
+    from suite.tasks.pool import wait_for_exit
 
     assert poll_interval_s(0.05, 0.0) == 0.05
     assert poll_interval_s(0.05, 4.0) == pytest.approx(0.2)
@@ -137,7 +137,7 @@ def test_polls_slow_down_while_ranks_train_and_a_stand_in_waits_without_polling(
 @pytest.mark.parametrize("how", ["warm ranks", "--no-wait"])
 def test_local_ranks_each_lead_a_session_of_their_own_as_torchruns_workers_do(how, tmp_path):
     """Linux's autogroup scheduler groups a session's processes; ranks left in the submitting
-    shell's session stepped 7 % slower (suite.submit.launch.own_session). Both ways local ranks
+    shell's session stepped 7 % slower (suite.tasks.train.own_session). Both ways local ranks
     start: the pool's (task 0 and the ranks it forks) and one submitit task per rank (--no-wait)."""
     import time
 

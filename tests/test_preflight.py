@@ -123,7 +123,7 @@ def test_more_threads_than_cores_is_a_one_line_warning(capsys):
 
 
 def test_the_rank_marks_a_node_with_more_threads_than_cores(monkeypatch):
-    from suite.record.tracking import oversubscribed
+    from suite.train.tracking import oversubscribed
 
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "2")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
@@ -148,7 +148,7 @@ def test_a_refused_sbatch_leaves_a_failed_summary_not_a_bare_folder(tmp_path, mo
     import submitit
 
     from suite import recipe as recipes
-    from suite.errors import SuiteError
+    from suite.common.errors import SuiteError
     from suite.record import run_record
     from suite.submit import launch
 

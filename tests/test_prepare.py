@@ -6,7 +6,7 @@ import inspect
 import pytest
 import torch
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.strategies import STRATEGIES, prepare
 from tests.parity import BASE, assert_matches, make_recipe, step_losses

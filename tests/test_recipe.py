@@ -1,7 +1,7 @@
 import pytest
 
 from suite import recipe as recipes
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 def write(tmp_path, text):
@@ -35,7 +35,7 @@ def test_fingerprint_ignores_launch_but_not_training(tmp_path):
 
 def test_micro_batch_is_global_batch_over_data_parallel_ranks_and_accumulation(tmp_path):
     (r,) = recipes.load(write(tmp_path, BASE), ["training.batch_size=64", "training.grad_accumulation=4"])
-    assert (r.plan().dp_size, r.plan().accumulation_batch) == (2, 8)
+    assert (r.layout().dp_size, r.layout().accumulation_batch) == (2, 8)
 
 
 def test_a_malformed_override_is_refused(tmp_path):

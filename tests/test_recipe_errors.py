@@ -128,7 +128,7 @@ def test_a_key_given_twice_is_one_line_naming_it_and_both_lines(capsys, tmp_path
 
 def test_a_merge_key_may_restate_what_it_merges(tmp_path):
     """YAML's merge key (<<) exists to be overridden beside it: that is no key given twice."""
-    from suite import recipe_text
+    from suite.recipe import text as recipe_text
 
     raw = recipe_text.parse_yaml("base: &b {epochs: 1, seed: 0}\ntraining:\n  <<: *b\n  epochs: 3\n", "recipe")
     assert raw["training"] == {"epochs": 3, "seed": 0}

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from suite import recipe as recipes
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.submit import preflight
 
 QUICKSTART = Path("recipes/quickstart.yaml").read_text()

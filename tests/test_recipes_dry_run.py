@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suite import study
+from suite.study import __main__ as study
 from suite.submit import cli
 from tests.test_data import write_idx
 

@@ -6,40 +6,41 @@ import time
 
 import pytest
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
+from suite.common import ports as portlib
 from suite.train import rendezvous
 
 
 def test_the_ephemeral_range_is_read_from_the_kernel_file_with_a_default(tmp_path):
     f = tmp_path / "ip_local_port_range"
     f.write_text("40000\t50000\n")
-    assert rendezvous.ephemeral_range(f) == (40000, 50000)
-    assert rendezvous.ephemeral_range(tmp_path / "absent") == rendezvous.EPHEMERAL_DEFAULT
+    assert portlib.ephemeral_range(f) == (40000, 50000)
+    assert portlib.ephemeral_range(tmp_path / "absent") == portlib.EPHEMERAL_DEFAULT
 
 
 @pytest.mark.parametrize("ephemeral", [(32768, 60999), (20000, 40000), (1024, 60000), (40000, 65535)])
 def test_candidates_lie_outside_the_ephemeral_range(ephemeral):
     low, high = ephemeral
     for seed in range(200):
-        ports = rendezvous.candidate_ports(str(seed), ephemeral)
+        ports = portlib.candidate_ports(str(seed), ephemeral)
         assert len(ports) == rendezvous.CANDIDATES == len(set(ports))
         assert all(not (low <= p <= high) and 1024 <= p <= 65535 for p in ports), (seed, ports)
 
 
 def test_candidates_are_the_same_for_one_job_id_and_differ_between_jobs():
-    assert rendezvous.candidate_ports("4242", (32768, 60999)) == rendezvous.candidate_ports("4242", (32768, 60999))
-    firsts = {rendezvous.candidate_ports(str(j), (32768, 60999))[0] for j in range(100)}
+    assert portlib.candidate_ports("4242", (32768, 60999)) == portlib.candidate_ports("4242", (32768, 60999))
+    firsts = {portlib.candidate_ports(str(j), (32768, 60999))[0] for j in range(100)}
     assert len(firsts) > 90
 
 
 def test_a_range_that_covers_every_port_is_refused_with_the_fix():
     with pytest.raises(SuiteError, match="ip_local_port_range"):
-        rendezvous.candidate_ports("1", (1024, 65535))
+        portlib.candidate_ports("1", (1024, 65535))
 
 
 def test_free_port_is_outside_the_ephemeral_range():
-    low, high = rendezvous.ephemeral_range()
-    assert not low <= rendezvous.free_port() <= high
+    low, high = portlib.ephemeral_range()
+    assert not low <= portlib.free_port() <= high
 
 
 def _listen(port):
@@ -52,7 +53,7 @@ def _listen(port):
 
 def test_rank_0_moves_to_the_next_candidate_when_its_port_is_taken_and_rank_1_follows(tmp_path):
     path = rendezvous.announcement(tmp_path, "job-taken", 0)
-    first, second = rendezvous.candidate_ports("job-taken")[:2]
+    first, second = portlib.candidate_ports("job-taken")[:2]
     squatter = _listen(first)  # something else listens on rank 0's first port
     joined = {}
     peer = threading.Thread(target=lambda: joined.update(port=rendezvous.join(path, 1, "127.0.0.1", 2, 30)[1]))
@@ -75,7 +76,7 @@ def test_a_rank_whose_rank_0_never_announces_fails_within_its_timeout_naming_its
 
 def test_every_candidate_taken_is_one_line_naming_the_ports(tmp_path):
     path = rendezvous.announcement(tmp_path, "job-full", 0)
-    ports = rendezvous.candidate_ports("job-full")
+    ports = portlib.candidate_ports("job-full")
     squatters = [_listen(p) for p in ports]
     try:
         with pytest.raises(SuiteError, match=f"rank 0 found every rendezvous port taken on 127.0.0.1 .*{ports[-1]}"):

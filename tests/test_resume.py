@@ -6,7 +6,8 @@ import signal
 import pytest
 
 from suite.record import run_record
-from suite.train import rank as train_rank, stop
+from suite.tasks import train as rank_task
+from suite.train import stop
 from suite.strategies import base
 from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
@@ -18,7 +19,7 @@ RESUMABLE = dict(training={"epochs": 2, "batch_size": 32, "seed": 1, "log_every_
 
 def run_until_stopped(recipe, run_dir):
     try:
-        train_rank.run(recipe, run_dir)
+        rank_task.train(recipe, run_dir)
     except stop.Preempted:
         return "preempted"
     return "completed"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from suite import recipe as recipes
-from suite.lr_schedule import Schedule, lr_at
+from suite.recipe.schedule import Schedule, lr_at
 from suite.record.run_record import read_metrics
 from suite.strategies import _deepspeed
 from tests.harness import run_ranks

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from suite.data import DATASETS, DataSpec
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models import MODELS, build
 from suite.models.task import Task
 from suite.record.run_record import read_metrics, read_summary

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from suite.data import DATASETS
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.submit import preflight
 from tests.parity import make_recipe
 

@@ -146,7 +146,7 @@ def test_a_job_that_can_never_start_fails_within_a_minute_with_slurms_reason(tmp
     """64 CPUs per task on nodes that have far fewer: Slurm keeps the job pending for ever
     (Reason=PartitionConfig). The follower names the reason and cancels the job."""
     from suite import recipe as recipes
-    from suite.errors import RunFailed
+    from suite.common.errors import RunFailed
     from suite.record import run_record
     from suite.submit import follow, launch
 
@@ -209,10 +209,10 @@ def _follow(job, run_dir, recipe, limit_s):
 
 
 def test_a_taken_rendezvous_port_moves_rank_0_to_the_next_and_the_job_completes(tmp_path):
-    from suite.train import rendezvous
+    from suite.common import ports as portlib
 
     recipe, run_dir, job = _held_two_node_job(tmp_path)
-    first, second = rendezvous.candidate_ports(job.job_id)[:2]
+    first, second = portlib.candidate_ports(job.job_id)[:2]
     held = _occupy([first])
     try:
         watch, took_s = _follow(job, run_dir, recipe, 120)
@@ -225,11 +225,11 @@ def test_a_taken_rendezvous_port_moves_rank_0_to_the_next_and_the_job_completes(
 
 
 def test_every_rendezvous_port_taken_ends_the_job_within_60_s_naming_rank_0_and_the_ports(tmp_path):
-    from suite.errors import RunFailed
-    from suite.train import rendezvous
+    from suite.common.errors import RunFailed
+    from suite.common import ports as portlib
 
     recipe, run_dir, job = _held_two_node_job(tmp_path)
-    ports = rendezvous.candidate_ports(job.job_id)
+    ports = portlib.candidate_ports(job.job_id)
     held = _occupy(ports)
     try:
         watch, took_s = _follow(job, run_dir, recipe, 60)

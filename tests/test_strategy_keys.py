@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from suite import recipe as recipes
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies import STRATEGIES
 from tests.parity import assert_matches, step_losses
 

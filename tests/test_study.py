@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from suite import study
+from suite.study import __main__ as study
 from suite.record.run_record import read_json
 from tests.browser import assert_renders
 

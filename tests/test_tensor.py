@@ -5,7 +5,7 @@ import math
 import pytest
 
 from suite.strategies.engine import Engine
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies import tensor
 from suite.record.run_record import read_json
 from tests.parity import assert_matches, make_recipe, step_losses

@@ -22,7 +22,7 @@ import yaml
 
 from analysis import runs as analysis_runs
 from analysis import tables
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.record.run_record import read_summary
 from suite.strategies import _tensorflow
 from suite.train import rank as train_rank

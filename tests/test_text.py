@@ -9,7 +9,7 @@ import torch
 
 from suite.data import DATASETS, IGNORE
 from suite.data.text import EOS, PAD, SOS, UNK, Vocab, tokenize
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models import MODELS, build
 from suite.models.task import Task
 from suite.record.run_record import read_metrics
@@ -73,7 +73,7 @@ def test_missing_text_data_is_one_line_before_launch_naming_the_keys_and_the_lay
 def test_a_split_strategy_on_missing_text_data_is_the_same_one_line(tmp_path):
     with pytest.raises(SuiteError, match="data set multi30k not found") as err:
         make_recipe({"name": "layer_split"}, model={"name": "seq2seq"}, launch={"devices_per_task": 2},
-                    data={"name": "multi30k", "root": str(tmp_path)}).plan()
+                    data={"name": "multi30k", "root": str(tmp_path)}).layout()
     assert "\n" not in str(err.value)
 
 

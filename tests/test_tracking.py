@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis import wandb_runs
+from suite.models import flops as model_flops
 from suite.record import flops, metrics, peak, run_record, wandb_export
 from suite.train import rank as train_rank
 from suite.record.utilisation import CpuProbe, UtilisationSampler
@@ -110,7 +111,7 @@ def test_measuring_the_peak_can_be_turned_off(tmp_path, monkeypatch):
 
 
 def test_flops_of_one_step_equal_the_hand_count_and_the_peak_table_knows_gpu_names():
-    assert flops.train_step_flops(make_recipe({"name": "single"})) == MLP_B32_FLOPS
+    assert model_flops.train_step_flops(make_recipe({"name": "single"})) == MLP_B32_FLOPS
     assert flops.peak_flops_per_s("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
     assert flops.peak_flops_per_s("NVIDIA H100 PCIe", "fp32") == 51e12
     assert flops.peak_flops_per_s("cpu", "fp32") is None

@@ -165,5 +165,5 @@ def test_every_strategy_that_can_run_a_torchvision_model_named_by_target_is_equi
     assert {"ddp", "allreduce", "fsdp", "fsdp1", "oss", "zero"} <= set(names), names
     assert all(c["verdict"] == "equivalent" for c in certs), [(c["strategy"], c["verdict_line"]) for c in certs]
     assert all(c["precision"] == ("fp32" if c["strategy"] == "zero" else "fp64") for c in certs)
-    # the strategies that cannot run it say why, one line each: not an nn.Sequential to cut, no tensor plan
+    # the strategies that cannot run it say why, one line each: not an nn.Sequential to cut, no tensor layout
     assert "skipped pipeline:" in proc.stderr and "skipped tensor:" in proc.stderr, proc.stderr

@@ -86,7 +86,7 @@ def test_mlp_dropout_follows_each_hidden_relu_and_keeps_the_state_dict_keys():
 
 
 def test_mlp_dropout_out_of_range_is_one_line():
-    from suite.errors import SuiteError
+    from suite.common.errors import SuiteError
 
     with pytest.raises(SuiteError, match=r"model\.dropout"):
         make_recipe({"name": "single"}, model={"name": "mlp", "dropout": 1.0})

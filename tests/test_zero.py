@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from suite import recipe as recipes
-from suite.errors import SuiteError
-from suite.estimate import parameter_count, predicted_held_bytes
+from suite.common.errors import SuiteError
+from suite.planner.memory import parameter_count, predicted_held_bytes
 from suite.strategies import _deepspeed
 from suite.record.run_record import read_json
 from tests.harness import run_ranks

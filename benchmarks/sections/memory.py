@@ -1,5 +1,5 @@
 """Memory: the bytes of parameters, gradients and optimizer state each rank holds, measured
-(summary ranks[].held_bytes) against the dry run's prediction (``suite.estimate``), for ZeRO-1/2/3
+(summary ranks[].held_bytes) against the dry run's prediction (``suite.planner.memory``), for ZeRO-1/2/3
 and FSDP at world size 2 and 4."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ KEYS = ("parameters", "gradients", "optimizer_state")
 
 def predicted(overrides: list[str]) -> dict:
     from suite import recipe as recipes
-    from suite.estimate import predicted_held_bytes
+    from suite.planner.memory import predicted_held_bytes
 
     (recipe,) = recipes.load(BASE, overrides)
     return predicted_held_bytes(recipe)["per_rank"]

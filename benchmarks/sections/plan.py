@@ -111,7 +111,7 @@ def run(bench: Bench) -> Section:
                 "DeepSpeed's gradient bucket: 5e8 elements by default, 1.9 GiB in fp32 whatever the model's size, "
                 "allocated each step but on a CPU resident only as far as the gradients fill it. The resident set "
                 "above start (`peak_memory_above_start_bytes`) is shown beside: the allocator keeps freed blocks, "
-                "so it is not what the plan predicts.", "",
+                "so it is not what the planner predicts.", "",
                 "```", table, "```", "", "How fast the machine was at each round's calibration (the model's mean step with "
                 "1, 2 and 4 ranks stepping at once):", "", *(f"- {d}" for d in drift), ""]
     s.table(["strategy", "world", "profile", "held error", "peak predicted (MiB)", "peak allocated (MiB)", "peak error",

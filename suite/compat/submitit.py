@@ -35,7 +35,7 @@ def task_error(task) -> str | None:
 
 def task_paths(folder, job_id: str, task_id: int):
     """The log files submitit gives task ``task_id`` of a job (``.stdout``, ``.stderr``): a rank
-    forked inside a pool writes its output to its own task's files (suite/submit/pool_task.py)."""
+    forked inside a pool writes its output to its own task's files (suite/tasks/pool.py)."""
     paths_class = import_internal("submitit.core.utils", "JobPaths", lib=LIB, what="where a task's files go")
     return paths_class(folder, job_id, task_id)
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, PrivateAttr
 from torch.utils.data import DataLoader, TensorDataset
 
 from suite.data import DataSpec
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 _LIMITS = ("name", "limit_train", "limit_val")  # applied by the suite, not passed to the factory
 

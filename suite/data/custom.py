@@ -1,5 +1,5 @@
 """``data: {name: custom, target: "mypkg.data:load", kwargs: {...}}``: a data set loaded by the
-user's factory, found by import path (``suite.factories``).
+user's factory, found by import path (``suite.common.factories``).
 
 The factory is called as ``factory(**kwargs)``, like every built-in's ``load``, and returns
 (train, val) or (train, val, DataSpec) (``docs/plugins.md``). Its spec and sizes come from what
@@ -8,7 +8,7 @@ calls it again to train."""
 from typing import ClassVar, Literal
 
 from suite.data.base import LoadedOnce
-from suite.factories import TargetOptions
+from suite.common.factories import TargetOptions
 
 
 class Custom(TargetOptions, LoadedOnce):

@@ -13,7 +13,7 @@ import math
 import pickle
 from pathlib import Path
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 _IDX = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
         "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}

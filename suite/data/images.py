@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from suite.data.augment import Augment, AugmentedSet, keep_batch
 from suite.data.base import DataOptions
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 class Normalize(BaseModel):

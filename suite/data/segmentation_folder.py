@@ -40,7 +40,7 @@ from typing_extensions import Annotated
 
 from suite.data import DataSpec
 from suite.data.base import LoadedOnce
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 LAYOUT = ("ROOT/train/{images,masks}/ and ROOT/val/{images,masks}/, or ROOT/images/ and ROOT/masks/, "

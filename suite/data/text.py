@@ -27,7 +27,7 @@ from torch.utils.data import TensorDataset
 
 from suite.data import IGNORE, DataSpec
 from suite.data.base import DataOptions
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 SPECIALS = ("<pad>", "<unk>", "<sos>", "<eos>")
 PAD, UNK, SOS, EOS = range(4)

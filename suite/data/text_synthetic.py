@@ -16,7 +16,7 @@ from torch.utils.data import TensorDataset
 from suite.data import DataSpec
 from suite.data.base import DataOptions
 from suite.data.text import SPECIALS, pack_pairs, pad_rows
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 class _Sized(DataOptions):

@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from suite.data import DataSpec
 from suite.data.base import DataOptions
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 class SyntheticTokens(DataOptions):

@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 from suite.data import DataSpec, files
 from suite.data.images import ImageOptions, Normalize
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 # name: (torchvision class, folder torchvision expects under root, shape, classes, mean, std)
 _SETS = {

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from suite.errors import SuiteError, one_line
+from suite.common.errors import SuiteError, one_line
 
 
 def main(argv=None) -> int:
@@ -33,7 +33,7 @@ def _run(args) -> int:
     from suite.doctor.report import exit_code, write_json
 
     try:
-        up = checkup.run(checkup.Plan(ranks=args.ranks, quick=args.quick, timeout_s=args.timeout, out=args.out))
+        up = checkup.run(checkup.CheckupSpec(ranks=args.ranks, quick=args.quick, timeout_s=args.timeout, out=args.out))
     except KeyboardInterrupt:  # the ranks are killed on the way out (suite.doctor.ranks)
         print("interrupted", file=sys.stderr)
         return 130

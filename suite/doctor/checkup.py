@@ -13,7 +13,7 @@ from suite.doctor.report import Check, check_lines, human_bytes, say, summary_li
 
 
 @dataclass
-class Plan:
+class CheckupSpec:
     """How much to measure: ``--quick`` is the small end of the full sweep, fewer calls each.
     Its largest message is 4 MiB, not less: a rank descheduled for one 4 ms time slice during a
     1 MiB call on a busy 2-core machine read as a quarter of the real bandwidth."""
@@ -47,19 +47,19 @@ class Checkup:
             say(text)
 
 
-def run(plan: Plan) -> Checkup:
+def run(spec: CheckupSpec) -> Checkup:
     started = time.monotonic()
     up = Checkup()
     cores = len(os.sched_getaffinity(0))
-    say(f"scalesuite doctor on {socket.gethostname()}: {plan.ranks} ranks, "
-        f"{'quick' if plan.quick else 'full'} sweep {human_bytes(plan.sizes[0])} .. {human_bytes(plan.sizes[-1])}")
+    say(f"scalesuite doctor on {socket.gethostname()}: {spec.ranks} ranks, "
+        f"{'quick' if spec.quick else 'full'} sweep {human_bytes(spec.sizes[0])} .. {human_bytes(spec.sizes[-1])}")
 
     say("software and devices")
     soft = versions.software()
     cpu = versions.cpu()
     gpus = versions.gpus()
-    up.facts.update(host=socket.gethostname(), plan={"ranks": plan.ranks, "quick": plan.quick,
-                    "timeout_s": plan.timeout_s, "sizes": plan.sizes, "warmup": plan.warmup, "iters": plan.iters},
+    up.facts.update(host=socket.gethostname(), plan={"ranks": spec.ranks, "quick": spec.quick,
+                    "timeout_s": spec.timeout_s, "sizes": spec.sizes, "warmup": spec.warmup, "iters": spec.iters},
                     software=soft, cpu=cpu, cuda=gpus)
     up.emit(Check("python", "info", f"{soft['python']} ({soft['python_executable']})"))
     backends = [name for name, key in (("gloo", "gloo"), ("nccl", "nccl_built"), ("mpi", "mpi_backend")) if soft[key]]
@@ -84,12 +84,12 @@ def run(plan: Plan) -> Checkup:
                       fix="install the torch wheel the suite pins (pip install -e .)"))
     else:
         up.facts["gloo"] = collectives.check_backend(
-            "gloo", plan.ranks, plan.sizes, warmup=plan.warmup, iters=plan.iters, timeout_s=plan.timeout_s,
+            "gloo", spec.ranks, spec.sizes, warmup=spec.warmup, iters=spec.iters, timeout_s=spec.timeout_s,
             emit=up.emit, line=say, cores=cores)
     if n_gpus:
         up.facts["nccl"] = collectives.check_backend(
-            "nccl", min(plan.ranks, n_gpus), plan.sizes, warmup=plan.warmup, iters=plan.iters,
-            timeout_s=plan.timeout_s, emit=up.emit, line=say, cores=cores)
+            "nccl", min(spec.ranks, n_gpus), spec.sizes, warmup=spec.warmup, iters=spec.iters,
+            timeout_s=spec.timeout_s, emit=up.emit, line=say, cores=cores)
 
     say("parity smoke")
     device = "cuda" if n_gpus else "cpu"
@@ -99,14 +99,14 @@ def run(plan: Plan) -> Checkup:
         # Its runs would fail the same way, each only after the runs' own collective timeout (300 s).
         up.emit(Check("parity", "skip", f"not run: the {backend} collectives failed above ({', '.join(broken)})"))
         return finish(up, started)
-    out = plan.out or Path(tempfile.mkdtemp(prefix="scalesuite-doctor-"))
-    world = min(plan.ranks, n_gpus) if n_gpus else plan.ranks
-    labels = parity.QUICK if plan.quick else tuple(parity.STRATEGIES)
-    if plan.quick:
+    out = spec.out or Path(tempfile.mkdtemp(prefix="scalesuite-doctor-"))
+    world = min(spec.ranks, n_gpus) if n_gpus else spec.ranks
+    labels = parity.QUICK if spec.quick else tuple(parity.STRATEGIES)
+    if spec.quick:
         say(f"  (quick: {', '.join(labels)} only; without --quick also "
             f"{', '.join(k for k in parity.STRATEGIES if k not in labels)})")
     up.facts["parity"] = {"folder": str(out), "strategies": parity.parity_smoke(
-        world, plan.parity_steps, out, device, up.emit, say, labels)}
+        world, spec.parity_steps, out, device, up.emit, say, labels)}
 
     return finish(up, started)
 

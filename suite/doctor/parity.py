@@ -50,7 +50,7 @@ def parity_smoke(world: int, steps: int, out: Path, device: str, emit, line, lab
     """One check per strategy of ``labels``: its certificate against single. ``certify``
     defaults to ``suite.verify.certify``; without it the smoke is one skipped check saying so."""
     from suite import recipe as recipes
-    from suite.errors import SuiteError
+    from suite.common.errors import SuiteError
 
     certify = certify or certify_function()
     if certify is None:

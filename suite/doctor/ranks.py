@@ -1,7 +1,7 @@
 """Start N ranks on this machine, hear from them as they go, and bound every step in time.
 
 The pattern of tests/harness.py's ``run_ranks`` (forked processes with the torch.distributed
-environment set, a rendezvous port from ``suite.train.dist.free_port``), plus what a health check
+environment set, a rendezvous port from ``suite.common.ports.free_port``), plus what a health check
 needs: each rank tells the parent what it starts and what it measured (``say``), and a rank that
 says nothing for ``silence_s`` is taken as hung in the step it last started. Forked, not spawned:
 a spawned rank imports torch again, about 5 s on 2 busy cores; the caller must not have started
@@ -15,7 +15,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from suite.train.dist import free_port
+from suite.common.ports import free_port
 
 
 @dataclass

@@ -28,7 +28,7 @@ import importlib
 from torch import nn
 
 from suite.data import DataSpec
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 _MODULES = ["mlp", "cnn", "vgg", "resnet", "mobilenet", "autoencoder", "transformer", "unet", "segnet", "nbow", "seq2seq", "custom"]
 MODELS = {}

@@ -3,7 +3,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 class ModelOptions(BaseModel):

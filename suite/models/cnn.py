@@ -4,7 +4,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models.base import ModelOptions
 
 

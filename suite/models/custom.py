@@ -1,8 +1,8 @@
 """``model: {target: "mypkg.nets:build", width: 64}`` (``name: custom`` implied): a model built by a
-callable found by import path (``suite.factories``), with the keyword arguments written beside
+callable found by import path (``suite.common.factories``), with the keyword arguments written beside
 ``target`` (as Hydra's ``_target_`` reads them) or under ``kwargs``.
 
-Two kinds of callable, told apart by their signature (``suite.factories.takes_spec``):
+Two kinds of callable, told apart by their signature (``suite.common.factories.takes_spec``):
 - a suite factory, whose first parameter is ``spec`` (or annotated ``DataSpec``): called as
   ``factory(spec, **kwargs)`` with the data's ``DataSpec``, like every built-in model's ``build``;
 - anything else, a library's constructor such as ``torchvision.models:resnet18`` or a module
@@ -17,8 +17,8 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, model_validator
 
-from suite.errors import SuiteError
-from suite.factories import TargetOptions, takes_spec
+from suite.common.errors import SuiteError
+from suite.common.factories import TargetOptions, takes_spec
 from suite.models.base import ModelOptions
 
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")

@@ -21,7 +21,7 @@ from pydantic import PositiveFloat, PositiveInt, confloat
 from torch import nn
 
 from suite.data.text import PAD
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models.base import ModelOptions, input_vocab
 
 

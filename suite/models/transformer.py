@@ -2,7 +2,7 @@
 
 ``nn.Sequential(Embedding, Block x layers, Head)`` so pipelines can split between blocks and
 FSDP can shard block by block. Attention keeps q, k and v as separate projections and infers
-the number of heads from the projected width, so that a tensor-parallel plan can shard them
+the number of heads from the projected width, so that a tensor-parallel layout can shard them
 column-wise (each rank then computes its own heads) without touching this code.
 No dropout: runs stay deterministic, which the parity checks rely on.
 """
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pydantic import PositiveInt, model_validator
 from torch import nn
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models.base import ModelOptions
 
 

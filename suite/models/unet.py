@@ -21,7 +21,7 @@ import torch
 from pydantic import PositiveInt
 from torch import nn
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models.base import ModelOptions
 
 

@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 from pydantic import PositiveFloat, PositiveInt
 from torch import nn
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models.base import ModelOptions
 
 

@@ -1,7 +1,7 @@
 """The analytic StepProfile: for a strategy whose real code cannot run on fake tensors, and for
 the prediction every run records (``suite.planner.predict``), which cannot pay for a fake run.
 
-Held bytes are ``suite.estimate``'s (the strategy's ``held_fraction``). FLOPs and activations
+Held bytes are ``suite.planner.memory``'s (the strategy's ``held_fraction``). FLOPs and activations
 come from a fake run of the bare model (no strategy) at the rank's batch, split over the
 ranks that share one replica (pipeline stages, tensor-parallel ranks) where there are some. Communication follows the per-strategy rules of
 ``communication`` (the one copy of them), in the byte conventions of ``suite.planner.profile``
@@ -43,7 +43,7 @@ from suite.planner.profile import StepProfile
 
 def model_step(recipe) -> dict:
     """FLOPs and bytes of one step of the bare model on the meta device (no strategy, no process
-    group, no memory) at the plan's accumulation batch: {"flops", "activation_bytes",
+    group, no memory) at the layout's accumulation batch: {"flops", "activation_bytes",
     "optimizer_bytes", "parameter_bytes", "largest_tensor_bytes", "parameter_tensors", "units"}
     (``units``: ``unit_bytes`` of the model). Two steps run: the first creates the optimizer
     state; the second is measured. ``activation_bytes``: the most bytes its forward and backward
@@ -57,18 +57,18 @@ def model_step(recipe) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from suite.planner.fake_run import _LiveBytes, fake_batch
+    from suite.planner.counting import LiveBytes, fake_batch
     from suite.train.rank import make_setup
 
-    plan = recipe.plan()
+    layout = recipe.layout()
     setup = make_setup(recipe, None)
     with torch.random.fork_rng(devices=[]):
         with torch.device("meta"):
             model = setup.build_model()
-            inputs, targets = fake_batch(recipe, plan.accumulation_batch)
+            inputs, targets = fake_batch(recipe, layout.accumulation_batch)
         optimizer = setup.make_optimizer(model.parameters())  # its step counters stay on the CPU: Adam reads them
         for _ in range(2):
-            flops, passes, update = FlopCounterMode(display=False), _LiveBytes(), _LiveBytes()
+            flops, passes, update = FlopCounterMode(display=False), LiveBytes(), LiveBytes()
             with flops, passes:
                 loss = setup.task.loss(model(inputs), inputs, targets)
                 loss.backward()
@@ -76,7 +76,7 @@ def model_step(recipe) -> dict:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     sizes = [p.numel() * p.element_size() for p in model.parameters()]
-    return {"flops": int(flops.get_total_flops()) * plan.accumulation_steps,
+    return {"flops": int(flops.get_total_flops()) * layout.accumulation_steps,
             "activation_bytes": max(passes.peak - sum(sizes), 0), "optimizer_bytes": update.peak,
             "parameter_bytes": sum(sizes), "largest_tensor_bytes": max(sizes, default=0),
             "parameter_tensors": len(sizes), "units": unit_bytes(model)}
@@ -99,8 +99,8 @@ def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, in
     """{kind: (bytes, calls)} per rank per step by the rules in the module doc; ``g`` and ``p``:
     this rank's gradient and parameter bytes before sharding (its stage's, under a pipeline);
     ``step``: ``model_step``'s result (the model's units and parameter tensors)."""
-    strategy, plan = recipe.strategy, recipe.plan()
-    name, dp = strategy.name, plan.dp_size
+    strategy, layout = recipe.strategy, recipe.layout()
+    name, dp = strategy.name, layout.dp_size
     if recipe.world_size == 1 or name in NO_COLLECTIVES or name == "tensor":
         return {}
     if name == "ddp":
@@ -137,7 +137,7 @@ def copy_bytes(recipe, comm_bytes: dict[str, int]) -> int:
     if recipe.strategy.name != "fsdp" or recipe.world_size == 1:
         return 0
     gathered = comm_bytes.get("all_gather", 0)
-    return gathered // recipe.plan().degree("shard") + gathered + comm_bytes.get("reduce_scatter", 0)
+    return gathered // recipe.layout().degree("shard") + gathered + comm_bytes.get("reduce_scatter", 0)
 
 
 def persistent_buffers(recipe, g: int) -> int:
@@ -167,7 +167,7 @@ def _deepspeed_zero_config(recipe):
 
     from suite.strategies.zero import _config
 
-    return DeepSpeedZeroConfig(**_config(recipe.strategy, recipe.plan())["zero_optimization"])
+    return DeepSpeedZeroConfig(**_config(recipe.strategy, recipe.layout())["zero_optimization"])
 
 
 def backward_buffers(recipe, step: dict, g: int) -> int:
@@ -202,7 +202,7 @@ def optimizer_temporaries(recipe, step: dict, parts: int) -> int:
     """The optimizer's temporaries, scaled to the tensors it steps: the bare model's as they are;
     a shard of each parameter (FSDP) 1/dp of them; DeepSpeed's one flat partition (ZeRO stages
     1-3) as many per byte as the bare model's largest tensor took, for a tensor of 1/dp of the model."""
-    name, dp = recipe.strategy.name, recipe.plan().dp_size
+    name, dp = recipe.strategy.name, recipe.layout().dp_size
     temporaries = step["optimizer_bytes"] // parts
     if name in SHARDED_UNITS:
         return temporaries // dp
@@ -215,12 +215,12 @@ def optimizer_temporaries(recipe, step: dict, parts: int) -> int:
 def profile(recipe, world_size: int, reason: str) -> StepProfile:
     """The analytic StepProfile of ``recipe`` (already at ``world_size``); ``reason``: why the
     fake run could not be used, kept in ``notes``."""
-    from suite.estimate import predicted_held_bytes
+    from suite.planner.memory import predicted_held_bytes
 
-    plan = recipe.plan()
+    layout = recipe.layout()
     step = model_step(recipe)
-    stages = plan.degree("pipeline")
-    parts = max(1, recipe.world_size // plan.dp_size)  # ranks sharing one replica: pipeline stages x tensor ranks
+    stages = layout.degree("pipeline")
+    parts = max(1, recipe.world_size // layout.dp_size)  # ranks sharing one replica: pipeline stages x tensor ranks
     estimate = predicted_held_bytes(recipe)
     held = {k: int(v) for k, v in estimate["per_rank"].items()}
     activations = step["activation_bytes"] // parts  # split over the stages or tensor ranks

@@ -1,4 +1,4 @@
-"""The compute side of a calibration (``python -m suite.calibrate``, ``suite.planner.calibrate``):
+"""The compute side of a calibration (``python -m suite.calibrate``, ``suite.calibrate.measure``):
 the matmul peak at each thread count a rank may get, and the rate a recipe's model achieves in
 a training step with 1..N ranks stepping at once on this node."""
 from __future__ import annotations
@@ -58,7 +58,7 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int
     import torch
 
     from suite.models import build as build_model
-    from suite.record import flops
+    from suite.models import flops
 
     spec = recipe.data.spec()
     batch = max(1, recipe.training.batch_size // world)
@@ -113,7 +113,7 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
     forks), and the ranks start their timed steps together, none while another still builds."""
     import multiprocessing
 
-    from suite.record import flops
+    from suite.models import flops
 
     step_flops = flops.train_step_flops(recipe)
     if not step_flops:

@@ -4,18 +4,18 @@
 ``world_size`` (every collective returns at once, nothing is sent), builds the model and the
 strategy's Engine through the suite's own path (``suite.train.rank.make_setup`` and
 ``suite.strategies.build``) inside ``FakeTensorMode`` (tensors have shapes and dtypes, no
-memory), and trains two steps on a fake batch of the plan's rank batch. The first creates the
+memory), and trains two steps on a fake batch of the layout's rank batch. The first creates the
 optimizer state; the second is measured:
 
 - held bytes: ``Engine.held_bytes()`` after it, the very call a real run records in summary.json;
 - peak bytes: what the build and the first step left alive (parameters, buffers, optimizer
   state, the strategy's own buffers such as DDP's buckets) plus the most bytes of tensors
-  created during the second step alive at once (``_LiveBytes``: storages counted once, freed
+  created during the second step alive at once (``counting.LiveBytes``: storages counted once, freed
   when their last tensor goes), as a real run's ``peak_allocated_bytes`` counts them;
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions, this rank's
   local shards under DTensor);
 - collectives: every ``c10d`` and ``_c10d_functional`` op seen by a dispatch mode
-  (``_Collectives``), sized by ``suite.planner.profile``'s byte conventions. That covers plain
+  (``counting.Collectives``), sized by ``suite.planner.profile``'s byte conventions. That covers plain
   ``torch.distributed`` calls, FSDP's, DTensor's, and DDP's buckets (see
   ``suite.compat.torch.fake_friendly`` for what the real code needs to run on fake tensors).
 
@@ -26,127 +26,15 @@ from __future__ import annotations
 
 import time
 import traceback
-import weakref
 from contextlib import ExitStack
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from suite.compat import torch as torch_compat
 from suite.planner import analytic
+from suite.planner.counting import Collectives, LiveBytes, fake_batch
 from suite.planner.profile import StepProfile
-
-_COLLECTIVES = {  # op name (without namespace and trailing _) -> (kind, which tensors are the message)
-    "allreduce": ("all_reduce", "input"), "allreduce_coalesced": ("all_reduce", "input"),
-    "all_reduce": ("all_reduce", "input"), "all_reduce_coalesced": ("all_reduce", "input"),
-    "_allgather_base": ("all_gather", "output"), "allgather": ("all_gather", "output"),
-    "allgather_into_tensor_coalesced": ("all_gather", "output"), "allgather_coalesced": ("all_gather", "output"),
-    "all_gather_into_tensor": ("all_gather", "output"), "all_gather_into_tensor_coalesced": ("all_gather", "output"),
-    "_reduce_scatter_base": ("reduce_scatter", "input"), "reduce_scatter": ("reduce_scatter", "input"),
-    "reduce_scatter_tensor_coalesced": ("reduce_scatter", "input"), "reduce_scatter_tensor": ("reduce_scatter", "input"),
-    "broadcast": ("broadcast", "input"), "alltoall": ("all_to_all", "input"), "alltoall_base": ("all_to_all", "input"),
-    "all_to_all_single": ("all_to_all", "input"), "send": ("send", "input"), "recv": ("recv", "input"),
-    "recv_any_source": ("recv", "input"), "barrier": ("barrier", "none"),
-    # Not among the planner's kinds; kept under their own names so that nothing goes uncounted.
-    "reduce": ("reduce", "input"), "gather": ("gather", "input"), "scatter": ("scatter", "output"),
-}
-
-
-def _tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-class _Collectives(TorchDispatchMode):
-    """Bytes and calls per collective kind, from the ops that reach the dispatcher: c10d ops
-    (what ``torch.distributed`` calls and DDP's comm hook dispatch to) take the message as their
-    first tensor argument(s) (inputs) or their first argument (outputs, all_gather's); functional
-    collectives return their output."""
-
-    def __init__(self):
-        super().__init__()
-        self.bytes: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.namespace in ("c10d", "_c10d_functional"):
-            name = func.__name__.split(".")[0]
-            known = _COLLECTIVES.get(name) or _COLLECTIVES.get(name.rstrip("_"))
-            if known:
-                kind, which = known
-                self.calls[kind] = self.calls.get(kind, 0) + 1
-                self.bytes[kind] = self.bytes.get(kind, 0) + self._message_bytes(func, which, args, out)
-        return out
-
-    @staticmethod
-    def _message_bytes(func, which, args, out) -> int:
-        if which == "none":
-            return 0
-        functional = func.namespace == "_c10d_functional"
-        if which == "output":
-            return _nbytes(_tensors(out if functional else args[0]))
-        if functional:
-            return _nbytes(_tensors(args[0]))
-        # c10d in-place ops: (tensors, ...) or, with a separate output, (outputs, inputs, ...).
-        separate = func.__name__.split(".")[0].rstrip("_") in ("_reduce_scatter_base", "reduce_scatter",
-                                                                 "reduce_scatter_tensor_coalesced", "alltoall",
-                                                                 "alltoall_base")
-        return _nbytes(_tensors(args[1] if separate else args[0]))
-
-
-class _LiveBytes(TorchDispatchMode):
-    """The most bytes of storages created under this mode alive at once; a storage counts once
-    (views share it) and leaves when it is freed. An op's output on one of its inputs' storages
-    (an in-place update, a view, ``out=``) creates nothing: the optimizer's in-place step on the
-    parameters and its state counted them as new, 66 MiB too many for an MLP of 22 MiB."""
-
-    def __init__(self):
-        super().__init__()
-        self.live = self.peak = 0
-        self._seen: dict[int, weakref.ref] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {_storage_key(t) for t in _tensors((args, tuple((kwargs or {}).values())))}
-        for t in _tensors(out):
-            key = _storage_key(t)
-            if key is None or key in inputs or (key in self._seen and self._seen[key]() is not None):
-                continue  # no storage of its own (a subclass: its parts are counted), or not new
-            storage = t.untyped_storage()
-            size = storage.nbytes()
-            self._seen[key] = weakref.ref(storage, self._freed(key, size))
-            self.live += size
-            self.peak = max(self.peak, self.live)
-        return out
-
-    def alive_now(self) -> int:
-        """Bytes of the storages created under this mode that are still alive, at their size now:
-        FSDP frees a gathered parameter by resizing its storage to 0, which no op shows."""
-        storages = (ref() for ref in list(self._seen.values()))
-        return sum(s.nbytes() for s in storages if s is not None)
-
-    def _freed(self, key, size):
-        def callback(_):
-            self.live -= size
-            self._seen.pop(key, None)
-        return callback
-
-
-def _storage_key(t):
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
-        return None
-
 
 def _ddp_hook(world_size: int):
     def hook(_state, bucket):
@@ -170,24 +58,6 @@ def _register_ddp_hooks(engine, world_size: int) -> bool:
     return True
 
 
-def fake_batch(recipe, samples: int):
-    """(inputs, targets) of ``samples`` samples shaped as the data's spec says, for the task."""
-    spec, task = recipe.data.spec(), recipe.model.task
-    shape = (samples, *spec.input_shape)
-    if spec.input_dtype == "int64":
-        inputs = torch.randint(0, spec.input_vocab or spec.num_classes, shape)
-    else:
-        inputs = torch.randn(shape, dtype=getattr(torch, spec.input_dtype))
-    classes = max(spec.num_classes, 1)
-    if task == "language":
-        targets = torch.randint(0, classes, shape)
-    elif task == "segmentation":
-        targets = torch.randint(0, classes, (samples, *spec.input_shape[1:]))
-    else:
-        targets = torch.randint(0, classes, (samples,))
-    return inputs, targets
-
-
 def at_world(recipe, world_size: int):
     """The recipe at this world size (one node of ``world_size`` ranks); SuiteError where the
     strategy or the batch refuses it."""
@@ -206,7 +76,7 @@ def profile_step(recipe, world_size: int) -> StepProfile:
 
     from suite import strategies
     from suite.strategies import prepare
-    from suite.train.dist import DistContext
+    from suite.strategies.context import DistContext
     from suite.train.rank import make_setup
 
     recipe = at_world(recipe, world_size)
@@ -216,25 +86,25 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     cpu = torch.device("cpu")
     ctx = DistContext(0, world_size, 0, world_size, cpu, "fake", (cpu,) * launch.devices_per_task)
     setup = make_setup(recipe, ctx)
-    plan = setup.plan
+    layout = setup.layout
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         stack.enter_context(prepare.default_dtype(recipe.training.precision))  # fp64: as the rank builds
-        built = stack.enter_context(_LiveBytes())  # what the build and the first step leave alive
+        built = stack.enter_context(LiveBytes())  # what the build and the first step leave alive
         engine = strategies.build(recipe.strategy, setup)
         ddp = _register_ddp_hooks(engine, world_size)
-        inputs, targets = fake_batch(recipe, plan.rank_batch)
+        inputs, targets = fake_batch(recipe, layout.rank_batch)
         if (dtype := prepare.input_dtype(recipe.training.precision)) is not None and inputs.is_floating_point():
             inputs = inputs.to(dtype)
         engine.train_step(inputs, targets)  # creates the optimizer state
         start = built.alive_now()
-        comm, live, flops = _Collectives(), _LiveBytes(), FlopCounterMode(display=False)
+        comm, live, flops = Collectives(), LiveBytes(), FlopCounterMode(display=False)
         with flops, live, comm:
             engine.train_step(inputs, targets)
         held = {k: int(v) for k, v in engine.held_bytes().items()}
     notes = []
-    if plan.degree("pipeline") > 1:
+    if layout.degree("pipeline") > 1:
         notes.append("rank 0 is the first pipeline stage; other stages hold and send other amounts")
     if ddp:
         notes.append("DDP's buckets all-reduced by a comm hook doing what its default does; first buckets kept")
@@ -260,8 +130,6 @@ CANNOT_FAKE = {
 
 def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
     """The fake run where it works, else the analytic rule with the reason in ``notes``."""
-    from suite.planner import analytic
-
     reason = None if try_fake else CANNOT_FAKE.get(recipe.strategy.name)
     if reason is None:
         try:

@@ -1,4 +1,4 @@
-"""The plan's prediction for one run, recorded in its ``summary.json`` (``predicted``) so that the
+"""The planner's prediction for one run, recorded in its ``summary.json`` (``predicted``) so that the
 report can set it beside what the run measured.
 
 Made by rank 0 after training (``suite.train.rank``; kept in the run folder's ``predicted.json``):
@@ -7,7 +7,7 @@ before the first step, should pay. A failure to predict is recorded as ``predict
 a failed run.
 
 The profile is the analytic one (``suite.planner.analytic.profile``: held bytes from
-``suite.estimate``, a fake step of the bare model at the rank's batch for FLOPs and activations,
+``suite.planner.memory``, a fake step of the bare model at the rank's batch for FLOPs and activations,
 the strategy's collectives and buffers by its rule), not the fake run of the whole strategy that
 ``python -m suite.plan`` makes (``suite.planner.fake_run``): that needs a process of its own
 (it joins a fake process group and patches globals) and takes seconds per point, which every
@@ -29,14 +29,14 @@ def prediction(recipe, calibration: dict | None = None) -> dict:
 
 
 def _prediction(recipe, calibration):
-    from suite.planner import analytic, calibrate, timing
+    from suite.planner import analytic, calibration as stored, timing
 
     # Not the fake run: see the module's docstring.
     profile = analytic.profile(recipe, recipe.world_size, "the run's own prediction (no fake run of the strategy)")
     out = {"source": profile.source, "held_bytes": profile.held_bytes,
            "peak_bytes": profile.peak_bytes or None, "notes": [profile.notes] if profile.notes else []}
     backend = "nccl" if recipe.launch.device == "cuda" else None
-    calibration = calibration or calibrate.load(backend=backend)
+    calibration = calibration or stored.load(backend=backend)
     if calibration is None:
         out["notes"].append("no calibration of this host: run python -m suite.calibrate for step times")
         return out

@@ -7,7 +7,7 @@ and by the report's predicted-vs-measured columns.
 
 Byte conventions, shared by the fake run, the calibration and the time model:
 - ``held_bytes``: bytes a rank keeps between steps, by ``parameters``, ``gradients``,
-  ``optimizer_state`` (the keys of ``suite.estimate.predicted_held_bytes``'s ``per_rank``).
+  ``optimizer_state`` (the keys of ``suite.planner.memory.predicted_held_bytes``'s ``per_rank``).
 - ``peak_bytes``: the most bytes a rank holds at any moment of the step, activations and
   temporary buffers included.
 - ``comm_bytes[kind]``: per rank per optimizer step, the size in bytes of the buffer the rank

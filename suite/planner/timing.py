@@ -89,9 +89,9 @@ def model_key(recipe) -> str:
 
 def options_of(recipe) -> dict:
     """The strategy options the time model needs, from a recipe."""
-    plan = recipe.plan()
+    layout = recipe.layout()
     return {"name": recipe.strategy.name, "stage": getattr(recipe.strategy, "stage", None),
-            "stages": plan.axes.get("pipeline", 1), "chunks": plan.pipeline_chunks,
+            "stages": layout.axes.get("pipeline", 1), "chunks": layout.pipeline_chunks,
             "ranks_per_node": recipe.launch.tasks_per_node, "model": model_key(recipe), "device": recipe.launch.device}
 
 

@@ -33,7 +33,7 @@ Evaluation (epoch records val_*, summary.json ``final``; suite.models.task):
   predicted c and labelled c, union = pixels predicted c or labelled c, each summed over the
   whole validation set and all ranks first; IoU_c = intersection / union, averaged over the
   classes present (union > 0: labelled or predicted somewhere), as mmsegmentation's nan-mean does.
-Per rank (summary.json ``ranks``; suite.record.tracking, suite.record.utilisation):
+Per rank (summary.json ``ranks``; suite.train.tracking, suite.record.utilisation):
 - samples_per_s (per rank): samples of the rank's data shard / the rank's training wall time.
 - cpu_percent_{mean,peak}: the rank's process CPU % (100 = one core) sampled every
   tracking.sample_interval_s; rss_bytes_{mean,peak}: its resident set size, same samples.

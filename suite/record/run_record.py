@@ -10,7 +10,7 @@ It imports neither torch nor the per-rank code.
 - ``summary.json``: the run's status and results (``Summary`` below), replaced atomically so a
   killed run never leaves half a file;
 - ``errors/rank<N>.txt``: a failed rank's error (first line a timestamp, second the message);
-- ``predicted.json``: the plan's prediction for the run (``suite.planner.predict``);
+- ``predicted.json``: the planner's prediction for the run (``suite.planner.predict``);
 - ``job.json``: the job that runs it; ``ranks/rank<N>.json``: each rank's process (pid, host);
 - ``checkpoint/``, ``submitit/``, ``wandb/``: resume state, task logs, W&B's offline files.
 
@@ -101,7 +101,7 @@ class Summary(BaseModel):
     failed_rank: Optional[int] = None
     job_id: Optional[str] = None
     wandb_notice: Optional[str] = None  # W&B fell back to offline, or its export failed
-    predicted: Optional[dict] = None  # the plan's prediction for this run (suite.planner.predict)
+    predicted: Optional[dict] = None  # the planner's prediction for this run (suite.planner.predict)
 
 
 class BadSummary(ValueError):
@@ -160,7 +160,7 @@ def new_run_dir(name: str, recipe_yaml: str, out) -> Path:
 
 
 def record_predicted(run_dir, predicted: dict) -> None:
-    """The plan's prediction, made by rank 0 after training; summary.json carries it too."""
+    """The planner's prediction, made by rank 0 after training; summary.json carries it too."""
     write_json_atomic(Path(run_dir) / "predicted.json", predicted)
 
 
@@ -336,17 +336,17 @@ def latest_per_key(records: list[dict], key: str) -> list[dict]:
 # ---- console lines -----------------------------------------------------------------------
 
 def job_line(recipe) -> str:
-    """What a job will run: strategy, world and how the global batch splits (``suite.plan``)."""
-    l, plan = recipe.launch, recipe.plan()
-    split = [f"{plan.dp_size} data-parallel rank(s)"]
-    if plan.accumulation_steps > 1:
-        split.append(f"{plan.accumulation_steps} accumulation step(s)")
-    if plan.pipeline_chunks > 1:
-        split.append(f"{plan.pipeline_chunks} pipeline chunk(s)")
-    mesh = f", mesh {' x '.join(f'{n} {d}' for n, d in plan.axes.items())}" if len(plan.axes) > 1 else ""
+    """What a job will run: strategy, world and how the global batch splits (``suite.strategies.layout``)."""
+    l, layout = recipe.launch, recipe.layout()
+    split = [f"{layout.dp_size} data-parallel rank(s)"]
+    if layout.accumulation_steps > 1:
+        split.append(f"{layout.accumulation_steps} accumulation step(s)")
+    if layout.pipeline_chunks > 1:
+        split.append(f"{layout.pipeline_chunks} pipeline chunk(s)")
+    mesh = f", mesh {' x '.join(f'{n} {d}' for n, d in layout.axes.items())}" if len(layout.axes) > 1 else ""
     return (f"{recipe.name}: {recipe.strategy.name} on {l.nodes} node(s) x {l.tasks_per_node} task(s) = world size "
-            f"{recipe.world_size} ({l.executor}){mesh}; global batch {plan.batch_size} = {' x '.join(split)} x "
-            f"{plan.chunk_batch} samples")
+            f"{recipe.world_size} ({l.executor}){mesh}; global batch {layout.batch_size} = {' x '.join(split)} x "
+            f"{layout.chunk_batch} samples")
 
 
 def epoch_line(rec: dict, epochs: int) -> str:

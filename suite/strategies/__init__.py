@@ -2,8 +2,8 @@
 
 A strategy is one module here with
 - ``Options``: a pydantic model (subclass of ``StrategyOptions``) whose ``name`` is a Literal,
-  holding the strategy's own recipe keys; it declares its mesh axes to the plan (``mesh_axes``,
-  ``pipeline_chunks``; ``suite.plan``), checks the plan and the model (``check(plan, model)``),
+  holding the strategy's own recipe keys; it declares its mesh axes to the layout (``mesh_axes``,
+  ``pipeline_chunks``; ``suite.strategies.layout``), checks the layout and the model (``check(layout, model)``),
   and predicts the bytes a rank holds (``held_fraction``); as class-level declarations, the
   modules a local pool's ranks may import early (``warm_imports``) and whether a rank may train
   a sweep's next point in the same process after it (``reusable_process``, off by default);

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from suite.strategies.engine import Engine
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 # DeepSpeed keys the recipe decides; setting them in strategy.config would let the two disagree.
 OWNED = {

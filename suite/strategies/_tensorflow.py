@@ -31,7 +31,8 @@ from typing import ClassVar
 
 from pydantic import PositiveInt
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
+from suite.common.ports import free_port
 from suite.record import run_record
 from suite.strategies.base import StrategyOptions, refuse_world_size
 from suite.strategies.engine import Engine
@@ -74,14 +75,14 @@ class TFOptions(StrategyOptions):
     no_fp64: ClassVar[str] = "TensorFlow's strategies train the Keras model in float32"
     one_process: ClassVar[bool] = True  # tf_multiworker: one worker per rank instead
 
-    def check(self, plan, model) -> None:
+    def check(self, layout, model) -> None:
         if importlib.util.find_spec("tensorflow") is None:
             raise SuiteError(f"strategy.name={self.name} needs TensorFlow, which is not installed; {INSTALL}")
         if model.name != "mlp":
             raise SuiteError(f"strategy.name={self.name} trains the Keras twin of model.name=mlp only, "
                              f"but the recipe has {model.source}; use model.name=mlp or a PyTorch strategy")
-        if self.one_process and plan.world_size != 1:
-            refuse_world_size(self.name, plan.world_size, "runs in one process (its replicas are devices of "
+        if self.one_process and layout.world_size != 1:
+            refuse_world_size(self.name, layout.world_size, "runs in one process (its replicas are devices of "
                               "that process)", "set launch.tasks_per_node=1, or use tf_multiworker")
 
 
@@ -114,18 +115,12 @@ def write_tf_config(ctx) -> dict:
     a free port on its host, the ranks exchange them over the torch process group, worker i is rank i."""
     import torch.distributed as dist
     host = "127.0.0.1" if ctx.local_world_size == ctx.world_size else socket.getfqdn()
-    mine = f"{host}:{_free_port(host)}"
+    mine = f"{host}:{free_port(host if host == '127.0.0.1' else '')}"
     workers = [None] * ctx.world_size
     dist.all_gather_object(workers, mine)
     config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": ctx.rank}}
     os.environ["TF_CONFIG"] = json.dumps(config)
     return config
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host if host == "127.0.0.1" else "", 0))
-        return s.getsockname()[1]
 
 
 def arrays(dataset):

@@ -39,7 +39,7 @@ class MpiAllReduceEngine(AllReduceEngine):
 
     def __init__(self, setup, module):
         super().__init__(setup, module)
-        from suite.train import mpi
+        from suite.common import mpi
 
         self._comm = mpi.world("strategy.transport=mpi", setup.ctx.rank, setup.ctx.world_size)  # or why not
         from mpi4py import MPI

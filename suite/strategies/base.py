@@ -7,14 +7,14 @@ from typing import ClassVar, Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from suite.errors import SuiteError
-from suite.plan import Axis, ModelInfo, Plan
+from suite.common.errors import SuiteError
+from suite.strategies.layout import Axis, ModelInfo, Layout
 from suite.strategies import clip
 from suite.strategies.engine import Engine, StepResult, StepSums
 
 
 class StrategyOptions(BaseModel):
-    """A strategy's recipe keys and what it tells the plan (``suite.plan``) and the checks."""
+    """A strategy's recipe keys and what it tells the layout (``suite.strategies.layout``) and the checks."""
     model_config = ConfigDict(extra="forbid")
     # Modules a local pool's ranks import while the recipe is still being checked (suite/submit/
     # pool.py): what this strategy's build imports anyway, and nothing more, since a run's peak
@@ -47,10 +47,10 @@ class StrategyOptions(BaseModel):
         """Pipeline chunks per forward/backward (a pipeline's ``micro_batches``); 1 elsewhere."""
         return 1
 
-    def check(self, plan: Plan, model: ModelInfo) -> None:
+    def check(self, layout: Layout, model: ModelInfo) -> None:
         """Refuse world sizes and settings this strategy cannot run (SuiteError naming the key)."""
 
-    def held_fraction(self, total: dict, plan: Plan) -> dict:
+    def held_fraction(self, total: dict, layout: Layout) -> dict:
         """Predicted bytes one rank holds, from the bytes of the whole model (a full replica here)."""
         return dict(total)
 
@@ -76,7 +76,7 @@ class ModuleEngine(Engine):
         self.setup = setup
         self.module = module
         self.optimizer = setup.make_optimizer(module.parameters())
-        self.dp_rank, self.dp_size = setup.plan.dp_rank(setup.ctx.rank), setup.plan.dp_size
+        self.dp_rank, self.dp_size = setup.layout.dp_rank(setup.ctx.rank), setup.layout.dp_size
         self._gradient_bytes = 0
 
     def sync_context(self, last: bool):
@@ -96,7 +96,7 @@ class ModuleEngine(Engine):
         of the batch mean in ``.grad``, not yet reduced; the step's loss and correct count."""
         if not self.module.training:  # eval_step left it in eval mode; walking every module each step costs
             self.module.train()
-        passes, sums = self.setup.plan.accumulation_steps, StepSums(inputs.device)
+        passes, sums = self.setup.layout.accumulation_steps, StepSums(inputs.device)
         for x, y, last in self.setup.accumulation_chunks(inputs, targets):
             with self.sync_context(last=last):
                 loss, right = self.forward_loss(x, y)

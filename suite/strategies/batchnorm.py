@@ -164,11 +164,11 @@ def _update_running_stats(layer, mean, var, n) -> None:
     layer.running_var.copy_(factor * unbiased + (1 - factor) * layer.running_var)
 
 
-def data_parallel_group(plan, rank: int):
+def data_parallel_group(layout, rank: int):
     """The process group of this rank's data-parallel peers: the ranks that hold the same part
-    of the model and read different samples (``plan.dp_groups()``). Every rank creates every
+    of the model and read different samples (``layout.dp_groups()``). Every rank creates every
     group, in the same order (``new_group`` is collective); WORLD when all ranks are peers."""
-    groups = plan.dp_groups()
+    groups = layout.dp_groups()
     if len(groups) == 1:
         return dist.group.WORLD
     mine = None

@@ -14,8 +14,8 @@ import torch
 from pydantic import PositiveInt
 
 from suite.strategies.engine import StepResult
-from suite.errors import SuiteError
-from suite.plan import Axis
+from suite.common.errors import SuiteError
+from suite.strategies.layout import Axis
 from suite.compat import deepspeed as ds_compat
 from suite.strategies import _deepspeed, splitting
 from suite.strategies.base import StrategyOptions
@@ -38,35 +38,35 @@ class Options(StrategyOptions):
     def pipeline_chunks(self) -> int:
         return self.micro_batches
 
-    def check(self, plan, model) -> None:
+    def check(self, layout, model) -> None:
         if self.zero_stage >= 2:
             raise SuiteError(f"strategy.zero_stage={self.zero_stage}: DeepSpeed's pipeline engine takes ZeRO stage "
                              f"0 or 1 only (it runs each stage's backward itself, outside the hooks with which ZeRO-2/3 "
                              f"partition gradients and gather parameters); use zero_stage 0 or 1, or strategy zero")
-        if plan.accumulation_steps != 1:
-            raise SuiteError(f"training.grad_accumulation={plan.accumulation_steps}: strategy ds_pipeline accumulates "
+        if layout.accumulation_steps != 1:
+            raise SuiteError(f"training.grad_accumulation={layout.accumulation_steps}: strategy ds_pipeline accumulates "
                              f"over strategy.micro_batches={self.micro_batches}; leave training.grad_accumulation at 1")
         blocks = len(splitting.meta_model(model, "ds_pipeline"))  # refuses a model that is no nn.Sequential
         if blocks < self.stages:
             raise SuiteError(f"strategy.stages={self.stages} but model {model.name} has {blocks} top-level "
                              f"blocks to split; use at most {blocks} stages")
         if self.config:
-            _deepspeed.check_config(_config(self, plan), self.config)
+            _deepspeed.check_config(_config(self, layout), self.config)
 
-    def held_fraction(self, total: dict, plan) -> dict:
+    def held_fraction(self, total: dict, layout) -> dict:
         """About 1/stages of everything per rank (exact only for perfectly balanced stages); ZeRO-1
         also splits the optimizer state (with its fp32 master copy) over the data-parallel ranks."""
-        dp = plan.dp_size
+        dp = layout.dp_size
         out = {k: v / self.stages for k, v in total.items()}
         if self.zero_stage == 1:
             out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / self.stages / dp
         return out
 
 
-def _config(opts: Options, plan, grad_clip_norm: float = None) -> dict:
+def _config(opts: Options, layout, grad_clip_norm: float = None) -> dict:
     # DeepSpeed's "micro-batch" and "gradient accumulation steps" are the pipeline's chunks.
-    return _deepspeed.make_config(micro_batch=plan.chunk_batch, accumulation=plan.pipeline_chunks,
-                                  dp=plan.dp_size, precision=plan.precision, stage=opts.zero_stage,
+    return _deepspeed.make_config(micro_batch=layout.chunk_batch, accumulation=layout.pipeline_chunks,
+                                  dp=layout.dp_size, precision=layout.precision, stage=opts.zero_stage,
                                   grad_clip_norm=grad_clip_norm, extra=opts.config)
 
 
@@ -74,8 +74,8 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
     """One rank of DeepSpeed's pipeline engine: a stage of the PipelineModule, fed micro-batches by
     ``train_batch``."""
     def __init__(self, setup, ds_engine, micro_batches: int, zero_stage: int):
-        plan = setup.plan
-        super().__init__(setup, ds_engine, zero_stage, dp_rank=plan.dp_rank(setup.ctx.rank), dp_size=plan.dp_size)
+        layout = setup.layout
+        super().__init__(setup, ds_engine, zero_stage, dp_rank=layout.dp_rank(setup.ctx.rank), dp_size=layout.dp_size)
         self.micro_batches = micro_batches
         self.last_stage = ds_engine.is_last_stage()
         self._shape = None
@@ -140,7 +140,7 @@ def build(opts: Options, setup) -> DeepSpeedPipelineEngine:
     deepspeed = _deepspeed.start(ctx, setup.precision, "ds_pipeline")
     from deepspeed.pipe import PipelineModule
 
-    config = _config(opts, setup.plan, setup.grad_clip_norm)
+    config = _config(opts, setup.layout, setup.grad_clip_norm)
     _deepspeed.record_config(setup, config)
     # Same weights as the baseline on every rank; checkpointed blocks (setup.prepare) before
     # they become the PipelineModule's layers.

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from suite.models.task import Task
-from suite.plan import Plan
+from suite.strategies.layout import Layout
 from suite.strategies import prepare
 
 if TYPE_CHECKING:  # the per-rank side; strategies are also read (for their options) when submitting
-    from suite.train.dist import DistContext
+    from suite.strategies.context import DistContext
 
 
 @dataclass
@@ -33,18 +33,18 @@ class Setup:
     build_model: Callable[[], torch.nn.Module]  # same seed every call: identical initial weights
     make_optimizer: Callable  # params -> torch.optim.Optimizer
     task: Task
-    plan: Plan  # mesh axes, data-parallel size, batch per rank, accumulation steps, pipeline chunks
+    layout: Layout  # mesh axes, data-parallel size, batch per rank, accumulation steps, pipeline chunks
     activation_checkpointing: bool = False  # training.activation_checkpointing (see prepare)
     compile: bool = False  # training.compile (see prepare)
     sync_batchnorm: bool = False  # training.sync_batchnorm (see prepare)
     grad_clip_norm: Optional[float] = None  # training.grad_clip_norm (see suite.strategies.clip)
     seed: int = 0
     run_dir: Optional[str] = None
-    model_name: str = ""  # recipe model.name: strategies with per-model plans (tensor) look it up
+    model_name: str = ""  # recipe model.name: strategies with per-model layouts (tensor) look it up
 
     @property
     def precision(self) -> str:
-        return self.plan.precision
+        return self.layout.precision
 
     def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
         """Synced batch norm, activation checkpointing and compile, applied in place; every
@@ -57,22 +57,22 @@ class Setup:
     def batchnorm_group(self):
         """The group batch norm computes its statistics over: this rank's data-parallel peers
         with ``sync_batchnorm`` and more than one of them, else None (per rank). Decided from
-        the plan alone, never from the module: creating a group is collective, and a pipeline
+        the layout alone, never from the module: creating a group is collective, and a pipeline
         stage without batch norm must create it as the others do. Created once per Setup."""
-        if not (self.sync_batchnorm and self.plan.dp_size > 1):
+        if not (self.sync_batchnorm and self.layout.dp_size > 1):
             return None
         if not hasattr(self, "_batchnorm_group"):
             from suite.strategies.batchnorm import data_parallel_group
-            self._batchnorm_group = data_parallel_group(self.plan, self.ctx.rank)
+            self._batchnorm_group = data_parallel_group(self.layout, self.ctx.rank)
         return self._batchnorm_group
 
     def autocast(self):
-        return prepare.autocast(self.plan.precision, self.ctx.device)
+        return prepare.autocast(self.layout.precision, self.ctx.device)
 
     def accumulation_chunks(self, inputs, targets):
-        """This rank's batch as ``plan.accumulation_steps`` forward/backward passes:
+        """This rank's batch as ``layout.accumulation_steps`` forward/backward passes:
         ``(inputs, targets, last)`` each, ``last`` on the pass after which gradients are reduced."""
-        n = self.plan.accumulation_steps
+        n = self.layout.accumulation_steps
         pairs = list(zip(inputs.chunk(n), targets.chunk(n))) if n > 1 else [(inputs, targets)]
         return [(x, y, i == len(pairs) - 1) for i, (x, y) in enumerate(pairs)]
 

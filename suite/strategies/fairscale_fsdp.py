@@ -7,14 +7,14 @@ parameters, gradients and optimizer state the same way and runs on CPU and GPU.
 """
 from typing import Literal
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies.base import StrategyOptions
 
 
 class Options(StrategyOptions):
     name: Literal["fairscale_fsdp"] = "fairscale_fsdp"
 
-    def check(self, plan, model) -> None:
+    def check(self, layout, model) -> None:
         raise SuiteError("strategy.name=fairscale_fsdp is not supported: fairscale's FullyShardedDataParallel "
                          "needs CUDA and fails on current torch without it (no NVIDIA driver; with "
                          "compute_device=cpu: KeyError 'all_gather'); use strategy.name=fsdp (torch FSDP2, "

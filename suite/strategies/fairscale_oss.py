@@ -29,11 +29,11 @@ class Options(StrategyOptions):
                                  when=lambda r: r.training.grad_clip_norm is not None),)
     gradients: Literal["ddp", "sharded_ddp"] = "ddp"
 
-    def held_fraction(self, total: dict, plan) -> dict:
+    def held_fraction(self, total: dict, layout) -> dict:
         out = dict(total)
-        out["optimizer_state"] = total["optimizer_state"] // plan.dp_size
+        out["optimizer_state"] = total["optimizer_state"] // layout.dp_size
         if self.gradients == "sharded_ddp":
-            out["gradients"] = total["gradients"] // plan.dp_size
+            out["gradients"] = total["gradients"] // layout.dp_size
         return out
 
 

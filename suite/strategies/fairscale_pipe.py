@@ -26,11 +26,11 @@ class Options(StrategyOptions):
     def pipeline_chunks(self) -> int:
         return self.micro_batches
 
-    def check(self, plan, model) -> None:
-        if plan.world_size != 1:
-            refuse_world_size("fairscale_pipe", plan.world_size, "runs in one process",
+    def check(self, layout, model) -> None:
+        if layout.world_size != 1:
+            refuse_world_size("fairscale_pipe", layout.world_size, "runs in one process",
                               "set launch.tasks_per_node=1, or use strategy.name=pipeline across ranks")
-        parts = check_devices_per_task(plan, "fairscale_pipe", "puts one partition on each of")
+        parts = check_devices_per_task(layout, "fairscale_pipe", "puts one partition on each of")
         check_recipe_split(model, self.split_at, parts, "fairscale_pipe")
 
 
@@ -41,5 +41,5 @@ def build(opts: Options, setup) -> SplitEngine:
     model = setup.prepare(setup.build_model())
     starts = [0, *resolve_split(opts.split_at, model, len(devices)), len(model)]
     balance = [b - a for a, b in zip(starts, starts[1:])]
-    pipe = Pipe(model, balance=balance, devices=devices, chunks=setup.plan.pipeline_chunks, checkpoint=opts.checkpoint)
+    pipe = Pipe(model, balance=balance, devices=devices, chunks=setup.layout.pipeline_chunks, checkpoint=opts.checkpoint)
     return SplitEngine(setup, pipe, devices[0])

@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import PositiveInt
 
-from suite.plan import Axis
+from suite.strategies.layout import Axis
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
@@ -38,8 +38,8 @@ class Options(StrategyOptions):
         return [Axis("replicate", self.replicate, "strategy.replicate", data=True),
                 Axis("shard", None, "strategy.shard", data=True)]
 
-    def held_fraction(self, total: dict, plan) -> dict:
-        shard = plan.degree("shard")
+    def held_fraction(self, total: dict, layout) -> dict:
+        shard = layout.degree("shard")
         held = {key: value // shard for key, value in total.items()}
         if not self.reshard_after_forward:
             # Grad-op: full parameters stay gathered from each block's forward to its backward.
@@ -83,9 +83,9 @@ def mixed_precision_policy(name: str):
 
 
 def build(opts: Options, setup) -> FSDPEngine:
-    ctx, plan = setup.ctx, setup.plan
+    ctx, layout = setup.ctx, setup.layout
     # Plain FSDP (replicate 1): a 1-D mesh over every rank.
-    mesh = plan.device_mesh(ctx, *(("shard",) if opts.replicate == 1 else ()))
+    mesh = layout.device_mesh(ctx, *(("shard",) if opts.replicate == 1 else ()))
     model = setup.prepare(setup.build_model().to(ctx.device))
     model = shard(model, mesh, opts.reshard_after_forward, mixed_precision_policy(opts.mixed_precision))
     return FSDPEngine(setup, model)

@@ -31,8 +31,8 @@ class Options(StrategyOptions):
     reusable_process: ClassVar = True
     sharding: Literal["full", "grad_op"] = "full"
 
-    def held_fraction(self, total: dict, plan) -> dict:
-        held = {key: value // plan.dp_size for key, value in total.items()}
+    def held_fraction(self, total: dict, layout) -> dict:
+        held = {key: value // layout.dp_size for key, value in total.items()}
         if self.sharding == "grad_op":
             # Full parameters stay gathered from each block's forward to its backward.
             held["parameters"] = total["parameters"]

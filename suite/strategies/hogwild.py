@@ -19,7 +19,7 @@ from typing import ClassVar, Literal
 import torch
 import torch.distributed as dist
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 _ALIGN_BYTES = 64  # each tensor starts on a cache line: no two tensors share one

@@ -15,7 +15,7 @@ What Horovod does here (one all-reduce of averaged gradients per step, ring over
 """
 from typing import Literal
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies.base import StrategyOptions
 
 REASON = ("strategy.name=horovod is not supported: Horovod 0.28.1 does not build against torch 2.14.1 "
@@ -27,7 +27,7 @@ REASON = ("strategy.name=horovod is not supported: Horovod 0.28.1 does not build
 class Options(StrategyOptions):
     name: Literal["horovod"] = "horovod"
 
-    def check(self, plan, model) -> None:
+    def check(self, layout, model) -> None:
         raise SuiteError(REASON)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ class Options(StrategyOptions):
     # Block indices where parts 2.. start (one per extra device); default: balanced by parameters.
     split_at: Optional[list[int]] = None
 
-    def check(self, plan, model) -> None:
-        parts = check_devices_per_task(plan, "layer_split", "places the model, in one rank, on")
+    def check(self, layout, model) -> None:
+        parts = check_devices_per_task(layout, "layer_split", "places the model, in one rank, on")
         check_recipe_split(model, self.split_at, parts, "layer_split")
 
 

@@ -13,7 +13,7 @@ has applied):
   the copy plus about N from each other worker) and refuses it otherwise (a straggler's), and
   counts both.
 Rank 0 also trains: a dedicated server would leave one of few ranks idle, would need a data
-split the plan does not have (every rank reads its share), and with it world size 1 is exactly
+split the layout does not have (every rank reads its share), and with it world size 1 is exactly
 the single baseline. Its own pulls and pushes are direct calls under the server's lock; RPC
 serves the others. See docs/strategies.md ("Asynchronous training").
 """
@@ -26,7 +26,7 @@ from typing import ClassVar, Literal
 import torch
 import torch.distributed as dist
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 _SERVER_RANK = 0
@@ -40,12 +40,12 @@ class Options(StrategyOptions):
     warm_imports: ClassVar = ("torch.distributed.rpc",)
     no_parity: ClassVar = "param_server's workers push gradients computed on stale weights, asynchronously"
 
-    def check(self, plan, model) -> None:
+    def check(self, layout, model) -> None:
         if self.staleness < 1:
             raise SuiteError(f"strategy.staleness={self.staleness} must be at least 1: a worker pulls fresh "
                              f"parameters at least every staleness of its own steps (1: before every step)")
 
-    def held_fraction(self, total: dict, plan) -> dict:
+    def held_fraction(self, total: dict, layout) -> dict:
         # Rank 0, the most loaded: the server's parameters and optimizer state and its worker's
         # replica with gradients. Other ranks hold the replica and gradients only.
         return {"parameters": 2 * total["parameters"], "gradients": total["gradients"],
@@ -115,7 +115,7 @@ class ParamServerEngine(ModuleEngine):
 
     def __init__(self, setup, module, staleness: int, server: Server | None, rpc_started: bool):
         self.setup, self.module = setup, module
-        self.dp_rank, self.dp_size = setup.plan.dp_rank(setup.ctx.rank), setup.plan.dp_size
+        self.dp_rank, self.dp_size = setup.layout.dp_rank(setup.ctx.rank), setup.layout.dp_size
         self.server, self.staleness, self.rpc_started = server, staleness, rpc_started
         self.lr_group = {"lr": None}  # the loop's lr for this step; it travels with the push
         self._version, self._since_pull, self._must_pull = 0, 0, True
@@ -230,7 +230,7 @@ def _start_rpc(ctx) -> None:
     """Join the RPC group beside the process group: its own port, chosen by rank 0 and sent to all."""
     from torch.distributed import rpc
 
-    from suite.train.dist import free_port
+    from suite.common.ports import free_port
 
     box = [free_port() if ctx.is_main else None]
     dist.broadcast_object_list(box, src=0)

@@ -25,8 +25,8 @@ from pydantic import PositiveInt
 from suite.compat import torch as torch_compat
 from suite.record import metrics
 from suite.strategies.engine import StepResult
-from suite.errors import SuiteError
-from suite.plan import Axis
+from suite.common.errors import SuiteError
+from suite.strategies.layout import Axis
 from suite.strategies import clip
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.splitting import check_recipe_split, cut, resolve_split
@@ -51,13 +51,13 @@ class Options(StrategyOptions):
     def pipeline_chunks(self) -> int:
         return self.micro_batches
 
-    def check(self, plan, model) -> None:
-        stages, dp = plan.degree("pipeline"), plan.dp_size
+    def check(self, layout, model) -> None:
+        stages, dp = layout.degree("pipeline"), layout.dp_size
         if stages < 2:
             raise SuiteError(f"strategy pipeline needs strategy.stages >= 2, but it is {stages} at world size "
-                             f"{plan.world_size} with strategy.dp={dp}; lower dp, add ranks, or use fsdp/ddp")
-        if plan.accumulation_steps != 1:
-            raise SuiteError(f"training.grad_accumulation={plan.accumulation_steps}: strategy pipeline already "
+                             f"{layout.world_size} with strategy.dp={dp}; lower dp, add ranks, or use fsdp/ddp")
+        if layout.accumulation_steps != 1:
+            raise SuiteError(f"training.grad_accumulation={layout.accumulation_steps}: strategy pipeline already "
                              f"accumulates over strategy.micro_batches; set grad_accumulation=1 and raise "
                              f"micro_batches instead")
         if self.schedule == "1f1b" and self.micro_batches < stages:
@@ -66,8 +66,8 @@ class Options(StrategyOptions):
                              f"but micro_batches={self.micro_batches}; raise micro_batches or use schedule=gpipe")
         check_recipe_split(model, self.split_at, stages, "pipeline")
 
-    def held_fraction(self, total: dict, plan) -> dict:
-        share = plan.degree("pipeline") * (plan.dp_size if self.dp_mode == "fully_shard" else 1)
+    def held_fraction(self, total: dict, layout) -> dict:
+        share = layout.degree("pipeline") * (layout.dp_size if self.dp_mode == "fully_shard" else 1)
         return {k: v // share for k, v in total.items()}  # balanced stages: about 1/stages each
 
 
@@ -164,22 +164,22 @@ class PipelineStageEngine(ModuleEngine):
 def build(opts: Options, setup) -> PipelineStageEngine:
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-    ctx, plan = setup.ctx, setup.plan
-    stages = plan.degree("pipeline")
-    mesh = plan.device_mesh(ctx)  # dims ("data", "pipeline"): a pipeline's ranks are neighbours
+    ctx, layout = setup.ctx, setup.layout
+    stages = layout.degree("pipeline")
+    mesh = layout.device_mesh(ctx)  # dims ("data", "pipeline"): a pipeline's ranks are neighbours
     pp_group, stage_index = mesh.get_group("pipeline"), mesh.get_local_rank("pipeline")
     model = setup.build_model()
     module = cut(model, resolve_split(opts.split_at, model, stages))[stage_index].to(ctx.device)
     module = setup.prepare(module)
-    if plan.dp_size > 1:
+    if layout.dp_size > 1:
         _data_parallel(module, mesh["data"], opts.dp_mode)
     stage = torch_compat.timed_stage_class(ctx.synchronize)(module, stage_index, stages, ctx.device, group=pp_group)
     task = setup.task
     schedule_cls = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
     # scale_grads (default) divides by micro_batches: the gradient of the batch mean loss.
-    schedule = schedule_cls(stage, n_microbatches=plan.pipeline_chunks,
+    schedule = schedule_cls(stage, n_microbatches=layout.pipeline_chunks,
                             loss_fn=lambda out, target: task.loss(out, target, target))
-    return PipelineStageEngine(setup, module, stage, schedule, plan.pipeline_chunks, pp_group)
+    return PipelineStageEngine(setup, module, stage, schedule, layout.pipeline_chunks, pp_group)
 
 
 def _data_parallel(module, dp_mesh, mode: str) -> None:

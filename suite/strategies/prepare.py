@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 def prepare(model: nn.Module, *, activation_checkpointing: bool, compile: bool, device: torch.device,

@@ -9,9 +9,9 @@ class Options(StrategyOptions):
     name: Literal["single"] = "single"
     reusable_process: ClassVar = True
 
-    def check(self, plan, model) -> None:
-        if plan.world_size != 1:
-            refuse_world_size("single", plan.world_size, "runs on exactly 1 rank",
+    def check(self, layout, model) -> None:
+        if layout.world_size != 1:
+            refuse_world_size("single", layout.world_size, "runs on exactly 1 rank",
                               "set launch.nodes=1 launch.tasks_per_node=1, or use ddp")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 def parameter_counts(model: nn.Sequential) -> list[int]:
@@ -70,14 +70,14 @@ def cut(model: nn.Sequential, split_at: list[int]) -> list[nn.Sequential]:
 
 
 def check_recipe_split(model, split_at, parts: int, strategy: str) -> None:
-    """Recipe-time check of ``split_at`` against the model (a ``suite.plan.ModelInfo``), built on
+    """Recipe-time check of ``split_at`` against the model (a ``suite.strategies.layout.ModelInfo``), built on
     the meta device (no memory)."""
     resolve_split(split_at, meta_model(model, strategy), parts)
 
 
-def check_devices_per_task(plan, strategy: str, what: str) -> int:
+def check_devices_per_task(layout, strategy: str, what: str) -> int:
     """The devices one rank splits the model over (``launch.devices_per_task``), at least 2."""
-    parts = plan.devices_per_task
+    parts = layout.devices_per_task
     if parts < 2:
         raise SuiteError(f"strategy {strategy} {what} launch.devices_per_task devices, but "
                          f"launch.devices_per_task={parts}; set it to 2 or more (on CPU they are all the cpu)")
@@ -85,7 +85,7 @@ def check_devices_per_task(plan, strategy: str, what: str) -> int:
 
 
 def meta_model(model, strategy: str) -> nn.Sequential:
-    """The model (a ``suite.plan.ModelInfo``) on the meta device, refused unless it can be split."""
+    """The model (a ``suite.strategies.layout.ModelInfo``) on the meta device, refused unless it can be split."""
     built = model.build_meta()
     check_sequential(built, f"strategy {strategy}", model.source)
     return built

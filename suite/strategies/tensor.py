@@ -3,13 +3,13 @@
 Within a tensor-parallel group every rank sees the same full batch and holds a slice of each
 split layer: a column-wise layer computes a slice of its outputs, the row-wise layer after it
 turns those into partial sums of its outputs, all-reduced into the full result. Layers outside
-the plan (embeddings, norms, the output head) stay replicated.
+the layout (embeddings, norms, the output head) stay replicated.
 
 ``dp: D`` (> 1) builds a 2-D mesh (dp x tp): each tensor-parallel group then reads its own
 data shard, and the dp dimension is sharded with FSDP2 ``fully_shard``, which composes with
 DTensor (DDP does not: it fails on DTensor parameters).
 
-A model gets tensor parallelism by having a plan here: one short function from the model to
+A model gets tensor parallelism by having a layout here: one short function from the model to
 ``{module path: ColwiseParallel() | RowwiseParallel()}``, refusing degrees it cannot split by.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import ClassVar, Literal, Optional
 import torch
 from pydantic import PositiveInt
 
-from suite.errors import SuiteError
-from suite.plan import Axis
+from suite.common.errors import SuiteError
+from suite.strategies.layout import Axis
 from suite.strategies import fsdp
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
@@ -37,11 +37,11 @@ def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    plan = {}
+    layout = {}
     for (first, layer), (second, _) in zip(linears[0:-1:2], linears[1::2]):
         _require_divisible("model.hidden width", layer.out_features, tp)
-        plan[first], plan[second] = ColwiseParallel(), RowwiseParallel()
-    return plan
+        layout[first], layout[second] = ColwiseParallel(), RowwiseParallel()
+    return layout
 
 
 def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
@@ -51,17 +51,17 @@ def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
 
     from suite.models.transformer import Block
 
-    plan = {}
+    layout = {}
     for index, block in model.named_children():
         if not isinstance(block, Block):
             continue
         attention = block.attention
         _require_divisible("model.heads", attention.q.out_features // attention.head_dim, tp)
         for name in ("attention.q", "attention.k", "attention.v", "mlp.up"):
-            plan[f"{index}.{name}"] = ColwiseParallel()
+            layout[f"{index}.{name}"] = ColwiseParallel()
         for name in ("attention.out", "mlp.down"):
-            plan[f"{index}.{name}"] = RowwiseParallel()
-    return plan
+            layout[f"{index}.{name}"] = RowwiseParallel()
+    return layout
 
 
 PLANS = {"mlp": mlp_plan, "transformer": transformer_plan}
@@ -78,30 +78,30 @@ class Options(StrategyOptions):
         # Ranks of one tensor-parallel group read the same samples.
         return [Axis("data", self.dp, "strategy.dp", data=True), Axis("tensor", self.tp, "strategy.tp")]
 
-    def check(self, plan, model) -> None:
+    def check(self, layout, model) -> None:
         tp_plan = PLANS.get(model.name)
         if tp_plan is None:
-            raise SuiteError(f"strategy tensor has plans for models {', '.join(PLANS)}, not "
+            raise SuiteError(f"strategy tensor has layouts for models {', '.join(PLANS)}, not "
                              f"model.name={model.name!r}; use one of those, or fsdp/ddp")
-        tp_plan(model.build_meta(), plan.degree("tensor"))
+        tp_plan(model.build_meta(), layout.degree("tensor"))
 
-    def held_fraction(self, total: dict, plan) -> dict:
-        # A lower bound: the layers left out of the plan are held in full by every tp rank.
-        return {key: value // plan.world_size for key, value in total.items()}
+    def held_fraction(self, total: dict, layout) -> dict:
+        # A lower bound: the layers left out of the layout are held in full by every tp rank.
+        return {key: value // layout.world_size for key, value in total.items()}
 
 
 def build(opts: Options, setup) -> ModuleEngine:
     from torch.distributed.tensor.parallel import parallelize_module
 
     ctx = setup.ctx
-    mesh = setup.plan.device_mesh(ctx)
+    mesh = setup.layout.device_mesh(ctx)
     model = setup.build_model().to(ctx.device)
     tp_plan = PLANS[setup.model_name]
     # Order as in torchtitan: tensor parallel, then checkpointing and compile (setup.prepare),
     # then FSDP over the data-parallel dimension.
     parallelize_module(model, mesh["tensor"], tp_plan(model, mesh["tensor"].size()))
     model = setup.prepare(model)
-    if setup.plan.dp_size == 1:
+    if setup.layout.dp_size == 1:
         return ModuleEngine(setup, model)
     model = fsdp.shard(model, mesh["data"], reshard_after_forward=True,
                        mp_policy=fsdp.mixed_precision_policy("fp32"))

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from suite.strategies.engine import StepResult, StepSums
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.strategies import _deepspeed
 from suite.strategies.base import StrategyOptions
 
@@ -29,7 +29,7 @@ class Options(StrategyOptions):
     offload_parameters: bool = False  # parameters on the CPU between uses (stage 3 only)
     config: dict[str, Any] = {}  # extra DeepSpeed config keys, e.g. {zero_optimization: {reduce_bucket_size: 1e6}}
 
-    def check(self, plan, model) -> None:
+    def check(self, layout, model) -> None:
         if self.offload_parameters and self.stage != 3:
             raise SuiteError(f"strategy.offload_parameters=true needs strategy.stage=3 (got stage {self.stage}): "
                              f"only ZeRO-3 partitions parameters; set stage: 3 or offload_parameters: false")
@@ -37,13 +37,13 @@ class Options(StrategyOptions):
             raise SuiteError("strategy.offload_optimizer=true needs strategy.stage 1, 2 or 3 (ZeRO-Offload "
                              "offloads the partitioned optimizer state); raise the stage or drop the offload")
         if self.config:
-            _deepspeed.check_config(_config(self, plan), self.config)
+            _deepspeed.check_config(_config(self, layout), self.config)
 
-    def held_fraction(self, total: dict, plan) -> dict:
+    def held_fraction(self, total: dict, layout) -> dict:
         """What DeepSpeed holds per rank: stage 1 splits optimizer state and gradients, 3 also
         parameters. From stage 1 on DeepSpeed keeps an fp32 master copy of the rank's partition,
         counted here as optimizer state (as held_bytes counts it)."""
-        n = plan.dp_size
+        n = layout.dp_size
         out = dict(total)
         if self.stage >= 1:
             out["optimizer_state"] = (total["optimizer_state"] + total["parameters"]) / n
@@ -56,23 +56,23 @@ class Options(StrategyOptions):
         return out
 
 
-def _config(opts: Options, plan, grad_clip_norm: float = None) -> dict:
+def _config(opts: Options, layout, grad_clip_norm: float = None) -> dict:
     return _deepspeed.make_config(
-        micro_batch=plan.accumulation_batch, accumulation=plan.accumulation_steps, dp=plan.dp_size,
-        precision=plan.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,
+        micro_batch=layout.accumulation_batch, accumulation=layout.accumulation_steps, dp=layout.dp_size,
+        precision=layout.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,
         offload_parameters=opts.offload_parameters, grad_clip_norm=grad_clip_norm, extra=opts.config)
 
 
 class ZeroEngine(_deepspeed.DeepSpeedEngine):
     def __init__(self, setup, ds_engine, stage: int):
-        plan = setup.plan
-        super().__init__(setup, ds_engine, stage, dp_rank=plan.dp_rank(setup.ctx.rank), dp_size=plan.dp_size)
+        layout = setup.layout
+        super().__init__(setup, ds_engine, stage, dp_rank=layout.dp_rank(setup.ctx.rank), dp_size=layout.dp_size)
         self._params = list(ds_engine.module.parameters())
         self._gradient_bytes = 0
 
     def train_step(self, inputs, targets) -> StepResult:
         self.ds.train()
-        passes, sums = self.setup.plan.accumulation_steps, StepSums(inputs.device)
+        passes, sums = self.setup.layout.accumulation_steps, StepSums(inputs.device)
         for x, y, last in self.setup.accumulation_chunks(inputs, targets):
             out = self.ds(self.cast(x))
             loss = self.setup.task.loss(out, x, y)
@@ -96,7 +96,7 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
 def build(opts: Options, setup) -> ZeroEngine:
     ctx = setup.ctx
     deepspeed = _deepspeed.start(ctx, setup.precision, "zero")
-    config = _config(opts, setup.plan, setup.grad_clip_norm)
+    config = _config(opts, setup.layout, setup.grad_clip_norm)
     _deepspeed.record_config(setup, config)
     model = setup.prepare(setup.build_model().to(ctx.device))
     optimizer = setup.make_optimizer(model.parameters())

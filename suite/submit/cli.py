@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from suite.errors import RunFailed, SuiteError
+from suite.common.errors import RunFailed, SuiteError
 from suite.record import run_record
 
 

@@ -14,10 +14,10 @@ import psutil
 import submitit
 
 from suite.compat import submitit as submitit_compat
-from suite.errors import RunCancelled, RunFailed
+from suite.common.errors import RunCancelled, RunFailed
 from suite.record import run_record
 from suite.record.status import squeue
-from suite.submit.pool_task import alive
+from suite.tasks.pool import alive
 
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",

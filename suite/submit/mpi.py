@@ -4,7 +4,7 @@ follower (``suite.submit.follow``), the run record and ``suite.status`` treat it
 
 - ``job_id`` is mpirun's process id, and the ranks are its children: Ctrl-C is forwarded to them
   (they agree on a step, save a checkpoint and end), a kill ends them and mpirun.
-- each rank (``suite/submit/mpi_task.py``) writes its output and its outcome to the files a
+- each rank (``suite/tasks/mpi.py``) writes its output and its outcome to the files a
   submitit task would (``<job>_<rank>_log.out/.err``, ``_result.pkl``), so a rank that died
   without a word is told from one that failed, as for local ranks.
 - mpirun runs in its own session: a Ctrl-C in the terminal reaches ``suite.submit`` only, which
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from suite.compat import submitit as submitit_compat
-from suite.errors import INSTALL_MPI4PY, INSTALL_MPIRUN, SuiteError
+from suite.common.errors import INSTALL_MPI4PY, INSTALL_MPIRUN, SuiteError
 
 
 def mpirun_path() -> str:
@@ -71,7 +71,7 @@ def command(world_size: int, spec: Path, out_dir: Path) -> list[str]:
            "--output-filename", str(out_dir)]  # mpirun's copy; each rank also writes its task logs
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    return cmd + [sys.executable, "-m", "suite.submit.mpi_task", str(spec)]
+    return cmd + [sys.executable, "-m", "suite.tasks.mpi", str(spec)]
 
 
 class MpiJob:

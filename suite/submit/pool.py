@@ -33,8 +33,9 @@ from types import SimpleNamespace
 import psutil
 
 from suite.record import run_record
+from suite.common.ports import free_port
 from suite.submit import launch
-from suite.submit.pool_task import PoolTask
+from suite.tasks.pool import PoolTask
 
 _POLL_S = 0.01
 # Executor settings a pool is started with; a point runs in a pool only if its own are the same.
@@ -79,7 +80,7 @@ class Pool:
         if not logs.exists():  # the point's task logs are the pool's
             logs.symlink_to(os.path.relpath(self.folder, run_dir))
         run_record.write_json_atomic(self.points / f"{i}.json", {
-            "recipe": recipe.model_dump(mode="json"), "run_dir": str(run_dir), "master_port": launch.free_port()})
+            "recipe": recipe.model_dump(mode="json"), "run_dir": str(run_dir), "master_port": free_port()})
         self.handed += 1
         self.used_min += recipe.launch.timeout_min
         if not recipe.strategy.reusable_process:
@@ -128,7 +129,7 @@ def prestart(recipe_path: str, overrides: list[str], out: Path) -> Pool | None:
     that the ranks warm up while the recipe is checked. None when the text does not say local
     (or cannot be read: the checks will say why). A guess, never trusted: each point is checked
     against the pool (``Pool.takes``) and a wrong guess only costs the warm start."""
-    from suite.recipe_text import raw_points
+    from suite.recipe.text import raw_points
 
     try:
         points = raw_points(recipe_path, overrides)

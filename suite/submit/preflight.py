@@ -14,13 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 _GIB = 2**30
 
 
 def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list[dict]:
-    """Check every recipe of a submission; returns each one's predicted bytes (``suite.estimate``).
+    """Check every recipe of a submission; returns each one's predicted bytes (``suite.planner.memory``).
     ``force``: launch even when the predicted bytes exceed the node's memory."""
     if not dry_run:
         check_out(Path(out))
@@ -125,7 +125,7 @@ def check_batch_fits_data(recipe) -> None:
     if sizes is None:
         return
     n_train = min(sizes[0], recipe.data.limit_train or sizes[0])
-    dp, batch = recipe.plan().dp_size, recipe.training.batch_size
+    dp, batch = recipe.layout().dp_size, recipe.training.batch_size
     if n_train // dp < batch // dp:
         raise SuiteError(f"training.batch_size={batch} is larger than the training set: {n_train} samples give each "
                          f"of {dp} data-parallel rank(s) {n_train // dp}, fewer than its {batch // dp}; "
@@ -147,9 +147,9 @@ def check_targets(recipe) -> None:
 
 
 def estimate(recipe) -> dict:
-    """``suite.estimate.predicted_held_bytes`` (the model built on the meta device) plus the data's
+    """``suite.planner.memory.predicted_held_bytes`` (the model built on the meta device) plus the data's
     bytes; a model that cannot be built for this data is a SuiteError naming both."""
-    from suite.estimate import predicted_held_bytes
+    from suite.planner.memory import predicted_held_bytes
 
     try:
         est = predicted_held_bytes(recipe)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.record import run_record
 
 

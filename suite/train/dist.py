@@ -9,41 +9,15 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from suite.errors import SuiteError
-
-
-@dataclass
-class DistContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    device: torch.device
-    backend: str
-    devices: tuple = ()  # every device this rank drives (layer-wise model parallel)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
-def free_port() -> int:
-    """A free port outside the ephemeral range, which outgoing connections cannot take
-    (``suite.train.rendezvous``)."""
-    from suite.train import rendezvous
-
-    return rendezvous.free_port()
+from suite.common.errors import SuiteError
+from suite.common.ports import free_port
+from suite.strategies.context import DistContext
 
 
 # Rank, world size, local rank and local world size as MPI launchers name them: Open MPI's mpirun,
@@ -75,7 +49,7 @@ def adopt_mpi_environment() -> bool:
 def _agree_rendezvous_through_mpi() -> None:
     """A bare ``mpirun python -m suite.train``: rank 0's host and a free port of it, told to
     every rank by MPI (suite.submit's mpi executor gives MASTER_ADDR/PORT itself)."""
-    from suite.train import mpi
+    from suite.common import mpi
 
     here = (socket.gethostname(), free_port()) if os.environ["RANK"] == "0" else None
     host, port = mpi.comm().bcast(here, root=0)
@@ -92,7 +66,7 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
     """Join (or create) the process group and pick this rank's device(s) and thread count."""
     adopt_mpi_environment()
     if not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ) and "WORLD_SIZE" in os.environ:
-        from suite.train import mpi
+        from suite.common import mpi
 
         if mpi.started_by_mpi():
             _agree_rendezvous_through_mpi()

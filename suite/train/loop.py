@@ -23,7 +23,7 @@ class StepLoop:
         self.allocated = allocated
         self._allocated_until = None
         self.total_steps, self.run_dir, self.task = total_steps, run_dir, task
-        # step -> lr (suite.lr_schedule): a function of the step alone, so a resumed run goes on
+        # step -> lr (suite.recipe.schedule): a function of the step alone, so a resumed run goes on
         # with the same lrs without any schedule state in the checkpoint; None leaves the lr alone.
         self.lr_at = lr_at
         # fp64: float inputs cast to float64 (an evaluation-only loop may have no training section)

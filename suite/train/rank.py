@@ -16,12 +16,12 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite import recipe as recipes, strategies
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
 from suite.record import metrics, run_record, wandb_export
 from suite.record.allocated import AllocatedPeak
-from suite.record.tracking import RankLog
+from suite.train.tracking import RankLog
 from suite.strategies import prepare
 from suite.strategies.engine import Setup
 from suite.train import checkpoint, dist as sdist, stop
@@ -32,11 +32,15 @@ def new_run_dir(recipe, out: str | Path) -> Path:
     return run_record.new_run_dir(recipe.name, recipes.dump(recipe), out)
 
 
-def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", watcher_pid: int | None = None) -> Path:
+def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", watcher_pid: int | None = None,
+        predict=None) -> Path:
     """Train this rank's part of the run; rank 0 writes ``summary.json``. Returns the run folder.
 
     ``watcher_pid``: the local ``suite.submit`` following the run; if it goes away, the run stops
-    (cancelled, with a checkpoint) rather than train on unwatched."""
+    (cancelled, with a checkpoint) rather than train on unwatched. ``predict``: recipe -> the planner's
+    prediction for the run, which rank 0 works out after training and keeps beside what it measured
+    (the rank tasks, ``suite.tasks``, pass ``suite.planner.predict.prediction``; the planner sits
+    above this layer, so it is handed in, not imported)."""
     launch = recipe.launch
     sdist.adopt_mpi_environment()  # ranks mpirun started learn their rank here, before it is recorded
     if run_dir is not None:  # before joining: a rank that dies in rendezvous is still known to have started
@@ -53,7 +57,7 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
                              f"launch.tasks_per_node) but {ctx.world_size} ranks started")
         run_dir = _agree_run_dir(ctx, recipe, run_dir, out)
         try:
-            _train(recipe, ctx, run_dir, watcher_pid)
+            _train(recipe, ctx, run_dir, watcher_pid, predict)
         except stop.Stopped:
             raise  # not the end: a requeued or resumed attempt goes on (and exports then)
         except BaseException as e:
@@ -101,7 +105,7 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
         return model
 
     return Setup(ctx=ctx, build_model=model_factory, make_optimizer=lambda params: make_optimizer(opt, params),
-                 task=Task(recipe.model.task, spec.num_classes), plan=recipe.plan(),
+                 task=Task(recipe.model.task, spec.num_classes), layout=recipe.layout(),
                  activation_checkpointing=tr.activation_checkpointing, compile=tr.compile,
                  sync_batchnorm=tr.sync_batchnorm, grad_clip_norm=tr.grad_clip_norm, seed=tr.seed,
                  run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
@@ -127,7 +131,7 @@ def _perturb(model, scale: float, seed: int) -> None:
             p.mul_(1 + scale * noise.to(p.device))
 
 
-def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
+def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None, predict=None) -> None:
     tr = recipe.training
     if ctx.is_main:
         # Merged into what is there: a resumed run keeps its earlier fields until it ends.
@@ -136,19 +140,19 @@ def _train(recipe, ctx, run_dir: Path, watcher_pid: int | None = None) -> None:
     torch.manual_seed(tr.seed)
     train_set, val_set = recipe.data.load()  # float32 (or token ids) whatever the precision
     if recipe.strategy.owns_training:
-        return _train_own_loop(recipe, ctx, run_dir, train_set, val_set)
+        return _train_own_loop(recipe, ctx, run_dir, train_set, val_set, predict)
     setup = make_setup(recipe, ctx, run_dir)
     memory_start = _memory_start(recipe, ctx)
     allocated = AllocatedPeak(ctx.device, compiled=bool(tr.compile))
     allocated.start()
     try:
         with prepare.default_dtype(tr.precision):  # fp64: the model in float64; the loop casts the inputs
-            _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated)
+            _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated, predict)
     finally:
         allocated.stop()  # also on failure: the sampling never outlives training
 
 
-def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated) -> None:
+def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, memory_start, allocated, predict) -> None:
     tr = recipe.training
     engine = strategies.build(recipe.strategy, setup)
     if ctx.is_main:  # a resumed run redoes what came after its checkpoint: drop those records
@@ -156,7 +160,7 @@ def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, 
         run_record.truncate_metrics(run_dir, saved["metrics_bytes"] if saved else 0)
     log = RankLog.open(recipe, ctx, run_dir)  # run record + W&B + utilisation thread
 
-    per_rank_batch = setup.plan.rank_batch
+    per_rank_batch = setup.layout.rank_batch
     sampler = DistributedSampler(train_set, num_replicas=engine.dp_size, rank=engine.dp_rank,
                                  shuffle=True, seed=tr.seed, drop_last=True)
     loader = recipe.data.train_loader(train_set, sampler, per_rank_batch, tr.seed)  # augmented where asked
@@ -179,7 +183,7 @@ def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, 
     printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
-        _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start, allocated.stop())
+        _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict, memory_start, allocated.stop())
     except stop.Stopped as stopped:
         if ctx.is_main:
             run_record.update_summary(run_dir, status=stopped.status, steps=loop.step, attempts=loop.attempts)
@@ -200,32 +204,30 @@ def _memory_start(recipe, ctx) -> int:
     return metrics.memory_start_bytes(ctx.device)
 
 
-def _predicted(recipe, run_dir) -> dict:
-    """The plan's prediction for this run (suite.planner.predict), made by rank 0 after training:
+def _predicted(recipe, run_dir, predict) -> dict | None:
+    """The planner's prediction for this run (``predict``, see ``run``), made by rank 0 after training:
     its fake step of the model takes a second or more, which neither the timed loop nor the
     submitting side (before the first step) should pay. Kept in predicted.json, so a resumed run
     reuses it."""
-    from suite.planner.predict import prediction
-
     predicted = run_record.read_predicted(run_dir)
-    if predicted is None:
-        predicted = prediction(recipe)
+    if predicted is None and predict is not None:
+        predicted = predict(recipe)
         run_record.record_predicted(run_dir, predicted)
     return predicted
 
 
-def _train_own_loop(recipe, ctx, run_dir: Path, train_set, val_set) -> None:
+def _train_own_loop(recipe, ctx, run_dir: Path, train_set, val_set, predict) -> None:
     """A strategy with its own loop (TensorFlow's) gets the data and this rank's log; what it
     returns carries the loop's fields (steps, samples, times, epochs, engine) for the summary."""
     log = RankLog.open(recipe, ctx, run_dir)
     try:
         run = strategies.STRATEGIES[recipe.strategy.name].train(recipe.strategy, recipe, ctx, train_set, val_set, log)
-        _write_summary(recipe, ctx, run.engine, run_dir, run, run.epochs)
+        _write_summary(recipe, ctx, run.engine, run_dir, run, run.epochs, predict)
     finally:
         log.close()
 
 
-def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start: int | None = None,
+def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, memory_start: int | None = None,
                    peak_allocated: int | None = None) -> None:
     peak = metrics.peak_memory_bytes(ctx.device)
     mine = {"rank": ctx.rank, "peak_memory_bytes": peak,
@@ -274,7 +276,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, memory_start: int
         "finished_at": time.time(),
         "attempts": loop.attempts,
         "torch": torch.__version__,
-        "predicted": _predicted(recipe, run_dir),
+        "predicted": _predicted(recipe, run_dir, predict),
         **run_level,
     }
     run_record.write_summary(run_dir, summary)  # replaces: no stale field of an earlier attempt stays

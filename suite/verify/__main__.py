@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from suite.errors import SuiteError, one_line
+from suite.common.errors import SuiteError, one_line
 
 
 def main(argv=None) -> int:
@@ -47,11 +47,11 @@ def _recipes(args) -> list:
     """The recipes to certify: the recipe's points, or the recipe once per ``--strategies`` entry;
     with ``all``, a strategy that cannot run this recipe (or claims no parity) is named and skipped."""
     from suite import recipe as recipes
-    from suite.recipe_text import raw_points
+    from suite.recipe.text import raw_points
 
     if not args.strategies:
         return recipes.load(args.recipe, args.overrides)
-    from suite.planner.cli import strategy_specs
+    from suite.planner.table import strategy_specs
 
     points = raw_points(args.recipe, args.overrides)
     if len(points) != 1:

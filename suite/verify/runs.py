@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from suite.errors import RunFailed, SuiteError
+from suite.common.errors import RunFailed, SuiteError
 from suite.verify.certificate import NUDGE_ULPS, UNIT_ROUNDOFF, Certificate, judge
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 def read(path: str | Path) -> dict:

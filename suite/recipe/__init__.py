@@ -1,7 +1,7 @@
 """Recipes: the YAML that names model, data, strategy, optimizer, training, launch and tracking.
 
 ``load(path, overrides)`` reads a recipe, applies ``a.b=c`` overrides, expands its ``sweep``
-block into one recipe per point (``suite.recipe_text``) and validates each. Every error names the
+block into one recipe per point (``suite.recipe.text``) and validates each. Every error names the
 key path, the bad value and what would be accepted, as a ``SuiteError``.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
                       ValidationError)
 
 from suite.data import DATASETS
-from suite.errors import SuiteError
-from suite.lr_schedule import Schedule
+from suite.common.errors import SuiteError
+from suite.recipe.schedule import Schedule
 from suite.models import MODELS
-from suite.plan import ModelInfo, Plan, build as build_plan
-from suite.recipe_text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, named_targets,  # noqa: F401
+from suite.strategies.layout import ModelInfo, Layout, build as build_layout
+from suite.recipe.text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, named_targets,  # noqa: F401
                                raw_points, read, set_path, shown)
 from suite.strategies import STRATEGIES, keys as strategy_keys
 
@@ -40,7 +40,7 @@ class Optimizer(Strict):
     momentum: float = 0.0
     weight_decay: float = 0.0
     betas: Annotated[list[float], Field(min_length=2, max_length=2)] = [0.9, 0.999]
-    schedule: Schedule = Schedule()  # lr per step: constant, step or cosine, with warm-up (suite.lr_schedule)
+    schedule: Schedule = Schedule()  # lr per step: constant, step or cosine, with warm-up (suite.recipe.schedule)
 
 
 class Training(Strict):
@@ -128,20 +128,20 @@ class Recipe(Strict):
     launch: Launch = Launch()
     tracking: Tracking = Tracking()
     sweep: dict[str, list[Any]] = {}  # key path -> values; expanded before validation
-    _plan: Optional[Plan] = PrivateAttr(None)
+    _layout: Optional[Layout] = PrivateAttr(None)
 
     @property
     def world_size(self) -> int:
         return self.launch.world_size
 
-    def plan(self) -> Plan:
-        """How the ranks and the batch are split (``suite.plan``); worked out once."""
-        if self._plan is None:
+    def layout(self) -> Layout:
+        """How the ranks and the batch are split (``suite.strategies.layout``); worked out once."""
+        if self._layout is None:
             tr = self.training
-            self._plan = build_plan(self.strategy, world_size=self.world_size, batch_size=tr.batch_size,
+            self._layout = build_layout(self.strategy, world_size=self.world_size, batch_size=tr.batch_size,
                                     accumulation_steps=tr.grad_accumulation,
                                     devices_per_task=self.launch.devices_per_task, precision=tr.precision)
-        return self._plan
+        return self._layout
 
     def model_info(self) -> ModelInfo:
         """What strategies' checks may know of the model: name, task, and its meta-device build."""
@@ -190,9 +190,9 @@ def validate(raw: dict) -> Recipe:
 
 def check(recipe: Recipe) -> None:
     """Checks that need more than one key: degrees against world size and batch divisibility
-    (the plan), then the strategy's own rules, the lr schedule's and the data options', and
+    (the layout), then the strategy's own rules, the lr schedule's and the data options', and
     the training and optimizer keys the strategy cannot honour (``suite.strategies.keys``)."""
-    recipe.strategy.check(recipe.plan(), recipe.model_info())
+    recipe.strategy.check(recipe.layout(), recipe.model_info())
     recipe.strategy.check_launch(recipe.launch)
     if recipe.training.precision == "fp64" and recipe.strategy.no_fp64:
         raise SuiteError(f"training.precision=fp64 with strategy {recipe.strategy.name}: {recipe.strategy.no_fp64}; "

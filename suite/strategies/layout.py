@@ -1,7 +1,7 @@
-"""The parallel plan: how a run lays its ranks out and splits its batch, worked out once.
+"""The parallel layout: how a run lays its ranks out and splits its batch, worked out once.
 
-Built from the recipe (``Recipe.plan()``) before launch and handed to the strategy on every
-rank (``Setup.plan``), so that the batch arithmetic is done in one place:
+Built from the recipe (``Recipe.layout()``) before launch and handed to the strategy on every
+rank (``Setup.layout``), so that the batch arithmetic is done in one place:
 
     global batch (training.batch_size)
       = dp_size data-parallel ranks x rank_batch                 (per rank per optimizer step)
@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Layout:
     strategy: str
     world_size: int
     axes: dict[str, int]  # mesh axis name -> degree, outermost first
@@ -114,28 +114,28 @@ class Plan:
 
 
 def build(options, *, world_size: int, batch_size: int, accumulation_steps: int = 1,
-          devices_per_task: int = 1, precision: str = "fp32") -> Plan:
-    """The plan of a strategy (its ``Options``) at this world size; SuiteError naming the recipe
+          devices_per_task: int = 1, precision: str = "fp32") -> Layout:
+    """The layout of a strategy (its ``Options``) at this world size; SuiteError naming the recipe
     key when the degrees do not fit the world or the batch does not divide."""
     axes = options.mesh_axes()
     degrees = resolve(options.name, world_size, {a.key: a.degree for a in axes})
-    plan = Plan(strategy=options.name, world_size=world_size,
+    layout = Layout(strategy=options.name, world_size=world_size,
                 axes={a.name: degrees[a.key] for a in axes}, data_axes=tuple(a.name for a in axes if a.data),
                 batch_size=batch_size, accumulation_steps=accumulation_steps,
                 pipeline_chunks=options.pipeline_chunks(), devices_per_task=devices_per_task,
                 precision=precision)
-    _check_batch(plan)
-    return plan
+    _check_batch(layout)
+    return layout
 
 
-def _check_batch(plan: Plan) -> None:
-    dp, acc, chunks, batch = plan.dp_size, plan.accumulation_steps, plan.pipeline_chunks, plan.batch_size
+def _check_batch(layout: Layout) -> None:
+    dp, acc, chunks, batch = layout.dp_size, layout.accumulation_steps, layout.pipeline_chunks, layout.batch_size
     if batch % (dp * acc):
         raise SuiteError(f"training.batch_size={batch} must divide into {dp} data-parallel ranks x "
                          f"{acc} accumulation steps; use a multiple of {dp * acc}")
-    if plan.accumulation_batch % chunks:
+    if layout.accumulation_batch % chunks:
         # Every pipeline strategy names its chunk count strategy.micro_batches.
-        per = plan.accumulation_batch
+        per = layout.accumulation_batch
         each = "data-parallel rank" + (" and accumulation step" if acc > 1 else "")
         raise SuiteError(f"strategy.micro_batches={chunks} must divide the batch of each {each} "
                          f"(training.batch_size={batch} / {dp * acc} = {per}); choose a divisor of {per}, "
@@ -173,8 +173,3 @@ def _mismatch(strategy, world_size, degrees, why) -> str:
     hint = f"; e.g. {' or '.join(fits)}" if fits else ""
     return (f"strategy {strategy}: {shown} does not fit world size {world_size} "
             f"(launch.nodes x launch.tasks_per_node): {why}{hint}")
-
-
-if __name__ == "__main__":  # `python -m suite.plan RECIPE`: the planner's command line
-    from suite.planner.cli import main
-    raise SystemExit(main())

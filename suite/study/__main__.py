@@ -32,8 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from suite.errors import SuiteError, one_line
-from suite.recipe_text import NAME_KEYS, STUDY_KEYS, _flatten, apply_override, check_name, read, set_path
+from suite.common.errors import SuiteError, one_line
+from suite.recipe.text import NAME_KEYS, STUDY_KEYS, _flatten, apply_override, check_name, read, set_path
 
 DEFAULT_PROFILE = "cpu"
 
@@ -153,7 +153,7 @@ def check_arms(recipes: dict) -> None:
     import copy
 
     from suite import recipe as schema
-    from suite.recipe_text import expand_sweep
+    from suite.recipe.text import expand_sweep
 
     for arm, recipe in recipes.items():
         try:

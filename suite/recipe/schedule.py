@@ -23,7 +23,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 # Keys that decide when a step schedule decays: exactly one is set.
 _WHEN = ("step_size_epochs", "step_size_steps", "milestones_epochs", "milestones_steps")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from suite.errors import INSTALL_MPI4PY, SuiteError
+from suite.common.errors import INSTALL_MPI4PY, SuiteError
 
 # What says an MPI launcher started this process (the variables suite.train.dist reads).
 _MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")

@@ -28,7 +28,7 @@ import submitit
 
 from suite.compat import submitit as submitit_compat
 from suite.record import run_record
-from suite.submit import launch
+from suite.tasks import train as train_task
 
 _POLL_S = 0.01
 
@@ -48,9 +48,9 @@ class PoolTask(submitit.helpers.Checkpointable):
         if env.global_rank > 0:
             return _stand_in(points, env.global_rank)
         started = time.time()
-        launch.own_session()  # rank 0; each forked rank starts one of its own
+        train_task.own_session()  # rank 0; each forked rank starts one of its own
         run_record.write_json_atomic(points / "rank0.pid", os.getpid())
-        launch.join_rendezvous(env, None)  # rank and world; the port comes with each point
+        train_task.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
         from suite.strategies import import_early
 
@@ -71,7 +71,7 @@ class PoolTask(submitit.helpers.Checkpointable):
         points, code = Path(self.points), 0
         try:
             _die_with_parent()
-            launch.own_session()
+            train_task.own_session()
             paths = submitit_compat.task_paths(env.paths.folder, env.job_id, rank)
             for fd, path in ((1, paths.stdout), (2, paths.stderr)):
                 target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -103,7 +103,7 @@ class PoolTask(submitit.helpers.Checkpointable):
             os.environ["MASTER_PORT"] = str(spec["master_port"])
             _reset_peak_memory()
             try:
-                ended = launch.train_point(spec["recipe"], spec["run_dir"], self.watcher_pid)
+                ended = train_task.train_point(spec["recipe"], spec["run_dir"], self.watcher_pid)
             except BaseException:
                 done.touch()
                 raise

@@ -23,16 +23,14 @@ rank; ``load`` finds it) and to ``--out``; a table is printed.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from suite.planner import alpha_beta, timing
+from suite.planner.calibration import cache_dir, key
 from suite.planner.compute import compute_rates, model_rates
 
 MIN_BYTES = 4096
@@ -41,7 +39,6 @@ WARMUP = 3  # untimed calls per size: the first calls of a kind are several time
 ROUNDS = 7  # timed calls per size (median taken), interleaved over sizes (time_collectives)
 SMALL_CALLS = 3  # messages under SMALL_BYTES get this many per round: latency-bound, noisy, cheap
 SMALL_BYTES = 2**20
-CALIBRATION_DIR = "calibration"
 
 
 def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
@@ -159,7 +156,7 @@ def run_local(world: int, message_sizes: list[int]) -> dict:
 
     import torch.multiprocessing as mp
 
-    from suite.train.dist import free_port
+    from suite.common.ports import free_port
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     queue = mp.get_context(method).SimpleQueue()
@@ -177,7 +174,7 @@ class CalibrateTask:
     def __call__(self):
         import submitit
 
-        from suite.submit.launch import join_rendezvous
+        from suite.tasks.train import join_rendezvous
 
         join_rendezvous(submitit.JobEnvironment(), None)
         return rank_main(self.world, self.message_sizes, device=self.device)
@@ -188,7 +185,7 @@ def run_slurm(launch, world: int, message_sizes: list[int], folder: Path) -> dic
     from suite.submit.launch import make_executor
 
     from suite.compat import submitit as submitit_compat
-    from suite.errors import SuiteError
+    from suite.common.errors import SuiteError
 
     nodes = max(1, -(-world // launch.tasks_per_node))
     launch = launch.model_copy(update={"nodes": nodes, "tasks_per_node": world // nodes})
@@ -200,35 +197,6 @@ def run_slurm(launch, world: int, message_sizes: list[int], folder: Path) -> dic
                          f"launch.partition, account, qos and sbatch_extra") from None
     print(f"submitted Slurm job {job.job_id} ({nodes} node(s), {world} task(s)); waiting", flush=True)
     return next(r for r in job.results() if r is not None)
-
-
-# ---- the file --------------------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "scalesuite" / CALIBRATION_DIR
-
-
-def key(hosts, backend: str, threads: int) -> str:
-    name = "+".join(hosts) if len(hosts) <= 4 else f"{hosts[0]}+{len(hosts) - 1}more"
-    return re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{name}-{backend}-{threads}threads")
-
-
-def load(path=None, backend: str | None = None) -> dict | None:
-    """A calibration: ``path``, else this host's newest in the cache (of ``backend`` if given);
-    None when there is none."""
-    if path:
-        return json.loads(Path(path).read_text())
-    host = re.sub(r"[^A-Za-z0-9_.+-]", "_", socket.gethostname())
-    found = sorted(cache_dir().glob(f"*{host}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for p in found:
-        try:
-            c = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        if backend is None or c.get("backend") == backend:
-            return c
-    return None
 
 
 def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=None, min_bytes: int = MIN_BYTES,
@@ -273,24 +241,6 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
             "borrowed": dict(alpha_beta.BORROWED)}
 
 
-def save(calibration: dict, out: Path | None = None) -> list[Path]:
-    """Into the cache (keeping the rates of models an earlier calibration of this key measured)
-    and ``out``."""
-    from suite.record.run_record import write_json_atomic
-
-    cached = cache_dir() / f"{calibration['key']}.json"
-    try:
-        earlier = json.loads(cached.read_text())["compute"].get("models") or {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        earlier = {}
-    calibration["compute"]["models"] = {**earlier, **calibration["compute"].get("models", {})}
-    paths = [cached] + ([Path(out)] if out else [])
-    for p in paths:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(p, calibration)
-    return paths
-
-
 def table(calibration: dict) -> str:
     lines = [f"{'kind':<15} {'α (µs)':>9} {'β (MB/s)':>10} {'median/max error':>17}  "
              f"formula (N = world size, n = bytes)"]
@@ -312,45 +262,3 @@ def table(calibration: dict) -> str:
             lines.append(f"model {r['model']}: {who}rank batch {r['rank_batch']}, {r['threads']} thread(s): "
                          f"{r['flops_per_s'] / 1e9:.2f} GFLOP/s achieved ({r['step_s'] * 1e3:.1f} ms per step)")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    from suite.errors import SuiteError, one_line
-
-    p = argparse.ArgumentParser(prog="python -m suite.calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("recipe", nargs="?", help="a recipe: its launch settings and its model's achieved rate")
-    p.add_argument("overrides", nargs="*", help="key.path=value")
-    p.add_argument("--world-size", default=None, help="ranks to time collectives at, or several: 2,4 (default: "
-                   "the recipe's world size, at least 2; 2 without a recipe)")
-    p.add_argument("--max-bytes", type=int, default=MAX_BYTES, help="largest message (default 64 MiB)")
-    p.add_argument("--out", help="also write the calibration JSON here")
-    args = p.parse_intermixed_args(argv)
-
-    def _run(args) -> int:
-        recipe = None
-        if args.recipe:
-            from suite import recipe as recipes
-
-            recipe = recipes.load(args.recipe, args.overrides)[0]
-        try:
-            worlds = [int(w) for w in args.world_size.split(",")] if args.world_size else [max(2, recipe.world_size if recipe else 2)]
-        except ValueError:
-            raise SuiteError(f"--world-size {args.world_size}: give a number of ranks, or several: 2,4") from None
-        if min(worlds) < 2:
-            raise SuiteError(f"--world-size {args.world_size}: collectives need at least 2 ranks; use --world-size 2")
-        if args.max_bytes < MIN_BYTES:
-            raise SuiteError(f"--max-bytes {args.max_bytes}: below the smallest message ({MIN_BYTES}); "
-                             f"use --max-bytes {MIN_BYTES} or more")
-        c = calibrate(worlds, args.max_bytes, recipe)
-        paths = save(c, args.out)
-        print(table(c))
-        print(f"took {c['took_s']:.1f} s; saved {', '.join(map(str, paths))}")
-        return 0
-
-    return one_line(_run, args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from suite.models import flops as model_flops
 from suite.record import flops, metrics, peak, run_record, wandb_export
 from suite.record.utilisation import UtilisationSampler, probe_for
 
@@ -74,7 +75,7 @@ class RankLog:
         # After the timed loop, the ranks just gathered and their samplers stopped: on CPU, a collective
         # in which one rank per node measures the peak (or reads the cache) while the others wait.
         peak_per_device, source, measurement = peak.resolve(recipe, ctx)
-        flops_per_step = flops.train_step_flops(recipe) if ctx.is_main else None
+        flops_per_step = model_flops.train_step_flops(recipe) if ctx.is_main else None
         out = {"flops_per_step": flops_per_step, "devices": devices, "oversubscribed": oversubscribed(ctx),
                "achieved_flops_per_s": metrics.rate((flops_per_step or 0) * loop.step, loop.train_time_s)
                if flops_per_step else None,

@@ -18,4 +18,4 @@ def predicted_held_bytes(recipe) -> dict:
     states = _STATE_PER_PARAM[recipe.optimizer.name](recipe.optimizer)
     total = {"parameters": n * element, "gradients": n * element, "optimizer_state": n * element * states}
     return {"parameters_count": n, "total": total,
-            "per_rank": recipe.strategy.held_fraction(total, recipe.plan())}
+            "per_rank": recipe.strategy.held_fraction(total, recipe.layout())}

@@ -1,8 +1,8 @@
 """What each rank that mpirun starts runs (``launch.executor: mpi``, ``suite.submit.mpi``):
 
-    mpirun -np N python -m suite.submit.mpi_task SPEC.json
+    mpirun -np N python -m suite.tasks.mpi SPEC.json
 
-It trains its rank of the run the spec names, as a submitit task would (``launch.train_point``),
+It trains its rank of the run the spec names, as a submitit task would (``train_task.train_point``),
 with its output in the task log files of a job whose id is mpirun's pid (its parent), and leaves
 its outcome in the task's result file. Rank, world size and local rank come from the MPI
 environment (``suite.train.dist.adopt_mpi_environment``); MASTER_ADDR/PORT from the spec.
@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from suite.compat import submitit as submitit_compat
-from suite.submit import launch
+from suite.tasks import train as train_task
 
 
 def main(spec_path: str) -> int:
@@ -36,7 +36,7 @@ def main(spec_path: str) -> int:
     # that the follower names the rank that died first, not one mpirun stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: _ended_by_mpirun(paths))
     try:
-        ended = launch.train_point(spec["recipe"], spec["run_dir"], spec["watcher_pid"])
+        ended = train_task.train_point(spec["recipe"], spec["run_dir"], spec["watcher_pid"])
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001 - the rank's error is recorded in the run folder too

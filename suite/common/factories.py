@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, model_validator
 
-from suite.errors import SuiteError
+from suite.common.errors import SuiteError
 
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 

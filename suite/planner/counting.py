@@ -1,0 +1,138 @@
+"""What a step costs, counted as it runs: the collectives it calls (kind, bytes, calls) and the
+most bytes of tensors alive at once, both as dispatch modes over torch's operators; and a fake
+batch shaped as the recipe's data. Used by the fake run (``fake_run``) and the analytic rule
+(``analytic``)."""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_COLLECTIVES = {  # op name (without namespace and trailing _) -> (kind, which tensors are the message)
+    "allreduce": ("all_reduce", "input"), "allreduce_coalesced": ("all_reduce", "input"),
+    "all_reduce": ("all_reduce", "input"), "all_reduce_coalesced": ("all_reduce", "input"),
+    "_allgather_base": ("all_gather", "output"), "allgather": ("all_gather", "output"),
+    "allgather_into_tensor_coalesced": ("all_gather", "output"), "allgather_coalesced": ("all_gather", "output"),
+    "all_gather_into_tensor": ("all_gather", "output"), "all_gather_into_tensor_coalesced": ("all_gather", "output"),
+    "_reduce_scatter_base": ("reduce_scatter", "input"), "reduce_scatter": ("reduce_scatter", "input"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", "input"), "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "broadcast": ("broadcast", "input"), "alltoall": ("all_to_all", "input"), "alltoall_base": ("all_to_all", "input"),
+    "all_to_all_single": ("all_to_all", "input"), "send": ("send", "input"), "recv": ("recv", "input"),
+    "recv_any_source": ("recv", "input"), "barrier": ("barrier", "none"),
+    # Not among the planner's kinds; kept under their own names so that nothing goes uncounted.
+    "reduce": ("reduce", "input"), "gather": ("gather", "input"), "scatter": ("scatter", "output"),
+}
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Collectives(TorchDispatchMode):
+    """Bytes and calls per collective kind, from the ops that reach the dispatcher: c10d ops
+    (what ``torch.distributed`` calls and DDP's comm hook dispatch to) take the message as their
+    first tensor argument(s) (inputs) or their first argument (outputs, all_gather's); functional
+    collectives return their output."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace in ("c10d", "_c10d_functional"):
+            name = func.__name__.split(".")[0]
+            known = _COLLECTIVES.get(name) or _COLLECTIVES.get(name.rstrip("_"))
+            if known:
+                kind, which = known
+                self.calls[kind] = self.calls.get(kind, 0) + 1
+                self.bytes[kind] = self.bytes.get(kind, 0) + self._message_bytes(func, which, args, out)
+        return out
+
+    @staticmethod
+    def _message_bytes(func, which, args, out) -> int:
+        if which == "none":
+            return 0
+        functional = func.namespace == "_c10d_functional"
+        if which == "output":
+            return _nbytes(_tensors(out if functional else args[0]))
+        if functional:
+            return _nbytes(_tensors(args[0]))
+        # c10d in-place ops: (tensors, ...) or, with a separate output, (outputs, inputs, ...).
+        separate = func.__name__.split(".")[0].rstrip("_") in ("_reduce_scatter_base", "reduce_scatter",
+                                                                 "reduce_scatter_tensor_coalesced", "alltoall",
+                                                                 "alltoall_base")
+        return _nbytes(_tensors(args[1] if separate else args[0]))
+
+
+class LiveBytes(TorchDispatchMode):
+    """The most bytes of storages created under this mode alive at once; a storage counts once
+    (views share it) and leaves when it is freed. An op's output on one of its inputs' storages
+    (an in-place update, a view, ``out=``) creates nothing: the optimizer's in-place step on the
+    parameters and its state counted them as new, 66 MiB too many for an MLP of 22 MiB."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self._seen: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {_storage_key(t) for t in _tensors((args, tuple((kwargs or {}).values())))}
+        for t in _tensors(out):
+            key = _storage_key(t)
+            if key is None or key in inputs or (key in self._seen and self._seen[key]() is not None):
+                continue  # no storage of its own (a subclass: its parts are counted), or not new
+            storage = t.untyped_storage()
+            size = storage.nbytes()
+            self._seen[key] = weakref.ref(storage, self._freed(key, size))
+            self.live += size
+            self.peak = max(self.peak, self.live)
+        return out
+
+    def alive_now(self) -> int:
+        """Bytes of the storages created under this mode that are still alive, at their size now:
+        FSDP frees a gathered parameter by resizing its storage to 0, which no op shows."""
+        storages = (ref() for ref in list(self._seen.values()))
+        return sum(s.nbytes() for s in storages if s is not None)
+
+    def _freed(self, key, size):
+        def callback(_):
+            self.live -= size
+            self._seen.pop(key, None)
+        return callback
+
+
+def _storage_key(t):
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def fake_batch(recipe, samples: int):
+    """(inputs, targets) of ``samples`` samples shaped as the data's spec says, for the task."""
+    spec, task = recipe.data.spec(), recipe.model.task
+    shape = (samples, *spec.input_shape)
+    if spec.input_dtype == "int64":
+        inputs = torch.randint(0, spec.input_vocab or spec.num_classes, shape)
+    else:
+        inputs = torch.randn(shape, dtype=getattr(torch, spec.input_dtype))
+    classes = max(spec.num_classes, 1)
+    if task == "language":
+        targets = torch.randint(0, classes, shape)
+    elif task == "segmentation":
+        targets = torch.randint(0, classes, (samples, *spec.input_shape[1:]))
+    else:
+        targets = torch.randint(0, classes, (samples,))
+    return inputs, targets

@@ -1,0 +1,2 @@
+"""``python -m suite.status [RUNS ...]``: the state of each run (``__main__``; the states come from
+``suite.record.status``)."""
