@@ -8,7 +8,7 @@ strategies honour them through what they share (``Setup``, ``ModuleEngine`` and 
 strategy that cannot honour a key says so in its options class (``StrategyOptions.refuses``, a
 tuple of ``Refused``), and ``check`` refuses it here, in one place (``suite.recipe.check``).
 ``training.precision=fp64`` has its own declaration (``StrategyOptions.no_fp64``).
-``tests/test_strategy_keys.py`` walks every strategy and every such key.
+``tests/strategies/test_strategy_keys.py`` walks every strategy and every such key.
 """
 from __future__ import annotations
 

@@ -8,8 +8,6 @@ import sys
 import submitit
 
 from suite import recipe as recipes
-from suite.planner.predict import prediction
-from suite.train import rank, rendezvous, stop
 
 
 class TrainTask(submitit.helpers.Checkpointable):
@@ -70,6 +68,8 @@ def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) ->
     else:
         os.environ.pop("MASTER_PORT", None)
     if run_dir and not master_port and env.num_tasks > 1:
+        from suite.train import rendezvous  # start-up: see train() below
+
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", 0))  # a requeued job announces afresh
         os.environ["SCALESUITE_RENDEZVOUS"] = str(rendezvous.announcement(run_dir, env.job_id, attempt))
     if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
@@ -80,6 +80,8 @@ def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) ->
 def train_point(recipe_json: dict, run_dir: str, watcher_pid: int | None) -> str:
     """Train this rank of one run: "completed", "cancelled" or "preempted" (the rank submitit
     asked to exit for the requeue exits here)."""
+    from suite.train import stop  # start-up: the submitting side pickles this module's task, never runs it
+
     recipe = recipes.Recipe.model_validate(recipe_json)
     try:
         train(recipe, run_dir, watcher_pid=watcher_pid)
@@ -95,4 +97,9 @@ def train_point(recipe_json: dict, run_dir: str, watcher_pid: int | None) -> str
 def train(recipe, run_dir=None, out="runs", watcher_pid: int | None = None):
     """Train this rank of ``recipe`` as every rank task does (``suite.train.rank.run``), rank 0
     recording the planner's prediction for the run after training. Returns the run folder."""
+    # start-up: the submitting side imports this module for TrainTask; the rank's code (torch, the
+    # strategies) and the planner load only where a rank runs.
+    from suite.planner.predict import prediction
+    from suite.train import rank
+
     return rank.run(recipe, run_dir, out, watcher_pid=watcher_pid, predict=prediction)

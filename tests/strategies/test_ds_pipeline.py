@@ -28,7 +28,7 @@ def make_recipe(strategy: dict, world_size: int = 1, **sections):
 def assert_matches(losses, baseline, tolerance: float = FP32_TOLERANCE):
     parity.assert_matches(losses, baseline, tolerance)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PIPE = {"name": "ds_pipeline", "stages": 2, "micro_batches": 4}
 VGG = {"model": {"name": "vgg11", "width": 0.125, "classifier_hidden": 32},
        "data": {"name": "synthetic", "shape": [3, 32, 32], "classes": 10, "n_train": 256, "n_val": 32},

@@ -216,7 +216,7 @@ def test_keras_mlp_trains_on_fashion_mnist_files(tmp_path):
     """Fashion-MNIST in its idx format (tiny files written here), read from data.root."""
     import numpy as np
 
-    from tests.test_data import write_idx
+    from tests.data.test_data import write_idx
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 64), ("t10k", 16)):

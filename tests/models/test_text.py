@@ -14,7 +14,7 @@ from suite.models import MODELS, build
 from suite.models.task import Task
 from suite.record.run_record import read_metrics
 from tests.parity import BASE, assert_matches, make_recipe, step_losses, tolerance
-from tests.test_recipe_errors import assert_one_line, run_cli
+from tests.recipe.test_recipe_errors import assert_one_line, run_cli
 
 
 # ---- tokenizer and vocabulary -----------------------------------------------------------------

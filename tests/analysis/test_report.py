@@ -131,7 +131,7 @@ def test_time_to_target_and_verdicts_follow_the_records(runs, report):
         assert int(row["epochs"]) == first["epoch"] + 1
         assert float(row["time_s"]) == pytest.approx(sum(e["epoch_time_s"] for e in epochs[: first["epoch"] + 1]))
     verdicts = {r["strategy"]: r for r in _csv(out / "verdicts.csv")}
-    # ddp matches the baseline step for step (tests/test_data_parallel.py): accuracy and loss unchanged
+    # ddp matches the baseline step for step (tests/strategies/test_data_parallel.py): accuracy and loss unchanged
     assert verdicts["ddp"]["accuracy"] == "unchanged" and verdicts["ddp"]["loss"] == "unchanged"
     assert verdicts["ddp"]["time"] in ("better", "unchanged", "worse")
 

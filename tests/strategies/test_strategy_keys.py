@@ -71,28 +71,28 @@ REFUSED_ALTOGETHER = {"fairscale_fsdp", "horovod"}  # their check refuses every 
 # the loop (max_steps, checkpoints, the lr of each step), Setup (clipping, autocast, and through
 # setup.prepare checkpointing, compile, synced batch norm), make_optimizer (weight decay) and the
 # training loader (augmentation).
-CLIP = "tests/test_clip.py::test_clipped_strategy_matches_clipped_single"
-SCHEDULE = "tests/test_schedule.py::test_a_step_schedule_matches_single_process"
-PREPARE = "tests/test_prepare.py::test_every_strategy_prepares_its_model_before_wrapping_it"
-ASYNC = "tests/test_strategy_keys.py::test_asynchronous_strategies_honour_the_key_as_single_does"
-ASYNC_RESUME = "tests/test_strategy_keys.py::test_asynchronous_strategies_resume_from_periodic_checkpoints"
-RESUME = "tests/test_resume.py::test_periodic_checkpoints_let_a_crashed_run_resume"
+CLIP = "tests/strategies/test_clip.py::test_clipped_strategy_matches_clipped_single"
+SCHEDULE = "tests/recipe/test_schedule.py::test_a_step_schedule_matches_single_process"
+PREPARE = "tests/strategies/test_prepare.py::test_every_strategy_prepares_its_model_before_wrapping_it"
+ASYNC = "tests/strategies/test_strategy_keys.py::test_asynchronous_strategies_honour_the_key_as_single_does"
+ASYNC_RESUME = "tests/strategies/test_strategy_keys.py::test_asynchronous_strategies_resume_from_periodic_checkpoints"
+RESUME = "tests/train/test_resume.py::test_periodic_checkpoints_let_a_crashed_run_resume"
 TORCH = {
     "training.grad_clip_norm": CLIP,
-    "training.precision=bf16": "tests/test_clip.py::test_deepspeed_bf16_clips_by_the_whole_models_norm",
+    "training.precision=bf16": "tests/strategies/test_clip.py::test_deepspeed_bf16_clips_by_the_whole_models_norm",
     "training.precision=fp64": "tests/parity.py::make_recipe",  # parity runs are float64 where a strategy can
     # the initial-weight nudge of the noise floor (in the rank's model factory, so every torch strategy)
-    "training.init_perturbation": "tests/test_vision.py::test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor",
+    "training.init_perturbation": "tests/models/test_vision.py::test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor",
     "optimizer.schedule": SCHEDULE,
     "training.max_steps": "tests/parity.py::step_losses",  # every parity run stops at BASE's max_steps
-    "training.grad_accumulation": "tests/test_data_parallel.py::test_gradient_accumulation_matches_single_process",
+    "training.grad_accumulation": "tests/strategies/test_data_parallel.py::test_gradient_accumulation_matches_single_process",
     "training.activation_checkpointing": PREPARE,
     "training.compile": PREPARE,
-    "training.sync_batchnorm": "tests/test_vision.py",
+    "training.sync_batchnorm": "tests/models/test_vision.py",
     "training.checkpoint_every_steps": RESUME,
     "optimizer.weight_decay": ASYNC,  # ModuleEngine's optimizer is setup.make_optimizer's, as DeepSpeed's
     "optimizer.weight_decay=adam": ASYNC,
-    "data.augment": "tests/test_augment.py",
+    "data.augment": "tests/data/test_augment.py",
 }
 # What the asynchronous strategies are shown to honour (tests below): each key's change, and the
 # recipe single runs without it. Gradient accumulation is left out: done right it changes the
@@ -107,7 +107,7 @@ EFFECTS = {
 }
 ASYNC_KEYS = (*EFFECTS, "training.checkpoint_every_steps")
 REFUSED = "refused"
-TF_CLIP = "tests/test_tensorflow.py::test_grad_clip_norm_binds_and_the_mirrored_loop_clips_the_summed_gradient_as_tf_single"
+TF_CLIP = "tests/strategies/test_tensorflow.py::test_grad_clip_norm_binds_and_the_mirrored_loop_clips_the_summed_gradient_as_tf_single"
 TF_HONOURS = {"training.sync_batchnorm": "n/a: TensorFlow trains model.name=mlp only, which has no batch norm"}
 
 
@@ -246,7 +246,7 @@ def test_asynchronous_strategies_resume_from_periodic_checkpoints(strategy, tmp_
     optimizer and version; hogwild the shared model)."""
     from suite.record import run_record
     from tests.harness import run_ranks
-    from tests.test_resume import run_until_stopped, steps_by_number
+    from tests.train.test_resume import run_until_stopped, steps_by_number
 
     recipe = parity_recipe(strategy, {"training": {"checkpoint_every_steps": 4, "max_steps": 12}})
     whole = step_losses(parity_recipe(strategy, {"training": {"max_steps": 12}}), tmp_path / "whole")

@@ -15,7 +15,7 @@ import pytest
 from suite.record import run_record
 from tests.harness import run_ranks
 from tests.parity import make_recipe
-from tests.test_resume import RESUMABLE, run_until_stopped, steps_by_number
+from tests.train.test_resume import RESUMABLE, run_until_stopped, steps_by_number
 
 LONG = ["training.epochs=40", "training.log_every_steps=5"]  # 880 steps of ~5 ms: time to interrupt
 

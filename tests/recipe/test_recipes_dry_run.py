@@ -10,7 +10,7 @@ import pytest
 
 from suite.study import __main__ as study
 from suite.submit import cli
-from tests.test_data import write_idx
+from tests.data.test_data import write_idx
 
 RECIPES = sorted(Path("recipes").rglob("*.yaml"))
 STUDIES = [p for p in RECIPES if "studies" in p.parts]

@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 from suite.data import DATASETS
 from suite.data.augment import Augment, AugmentedSet, crop_flip, draws
 from tests.parity import BASE, FP32_TOLERANCE, assert_matches, make_recipe, step_losses
-from tests.test_recipe_errors import assert_one_line, run_cli
+from tests.recipe.test_recipe_errors import assert_one_line, run_cli
 
 # 2 epochs of 4 steps: the second epoch draws new crops and flips.
 AUGMENTED = {**BASE["data"], "n_train": 128, "augment": {"crop_padding": 2, "hflip": True}}

@@ -32,7 +32,7 @@ def assert_matches(losses, baseline, tolerance: float = FP32_TOLERANCE):
 
 ADAM = {"name": "adam", "lr": 0.01}
 WORLD = 2
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def zero(**options):

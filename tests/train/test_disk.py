@@ -11,7 +11,7 @@ import pytest
 from suite import recipe as recipes
 from suite.common.errors import SuiteError
 from suite.submit import preflight
-from tests.test_recipe_errors import QUICKSTART
+from tests.recipe.test_recipe_errors import QUICKSTART
 
 Usage = namedtuple("Usage", "total used free")
 

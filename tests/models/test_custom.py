@@ -1,7 +1,7 @@
 """A user's model and data named by import path (docs/plugins.md): the example recipe end to end,
 parity of a custom model under DDP with the baseline, a library's constructor as the target
 (torchvision's, keyword arguments from the recipe), and one-line errors for every way a target
-can be wrong. The factories below are targets for the error cases (``tests.test_custom:...``)."""
+can be wrong. The factories below are targets for the error cases (``tests.models.test_custom:...``)."""
 import inspect
 import json
 import math
@@ -101,10 +101,10 @@ def broken_package(tmp_path):
      "model.target='brokenpkg.nets:build': cannot import module brokenpkg.nets (ValueError: width must be set)"),
     ("model", {"target": "my_models.nets"}, "model.target='my_models.nets' is not an import path"),
     ("model", {"target": "my_models.nets:buld"}, "module my_models.nets has no attribute buld"),
-    ("model", {"target": "tests.test_custom:NOT_CALLABLE"},
-     "model.target='tests.test_custom:NOT_CALLABLE' names a value of type int, not a callable"),
-    ("model", {"target": "tests.test_custom:returns_string", "kwargs": {}},
-     "model.target=tests.test_custom:returns_string returns str, not an nn.Module"),
+    ("model", {"target": "tests.models.test_custom:NOT_CALLABLE"},
+     "model.target='tests.models.test_custom:NOT_CALLABLE' names a value of type int, not a callable"),
+    ("model", {"target": "tests.models.test_custom:returns_string", "kwargs": {}},
+     "model.target=tests.models.test_custom:returns_string returns str, not an nn.Module"),
     ("model", {"kwargs": {"widht": 8}},
      "model.kwargs.widht: my_models.nets:build does not accept widht; it takes (spec, width: int = 32, depth: int = 2)"),
     ("model", {"kwargs": {"spec": 8}}, "model.kwargs sets spec, which the suite passes itself"),
@@ -113,9 +113,9 @@ def broken_package(tmp_path):
     ("model", {"targte": "x:y"}, "model.targte: my_models.nets:build does not accept targte; it takes (spec, width: "
                                  "int = 32, depth: int = 2) (and the suite's own keys kwargs, name, pythonpath, target, task)"),
     ("model", {"width": 8, "kwargs": {"width": 16}}, "model.width is given both beside model.target and in model.kwargs"),
-    ("data", {"target": "tests.test_custom:data_returns_list", "kwargs": {}},
-     "data.target=tests.test_custom:data_returns_list returns list; return (train, val) or (train, val, DataSpec)"),
-    ("data", {"target": "tests.test_custom:data_returns_float64", "kwargs": {}},
+    ("data", {"target": "tests.models.test_custom:data_returns_list", "kwargs": {}},
+     "data.target=tests.models.test_custom:data_returns_list returns list; return (train, val) or (train, val, DataSpec)"),
+    ("data", {"target": "tests.models.test_custom:data_returns_float64", "kwargs": {}},
      "returns train inputs of dtype float64; return float32 inputs"),
     ("data", {"kwargs": {"n_samples": 10}}, "data.kwargs.n_samples: my_models.data:load does not accept n_samples"),
 ])

@@ -1,8 +1,8 @@
 """Third-party internals go through suite/compat/: each accessor works on the installed (pinned)
 versions, and a missing internal fails loudly, naming the library, its installed version and what
 was expected, instead of a silent default (0 bytes). The ZeRO-1/2/3 byte counts themselves stay
-covered by tests/test_zero.py; the pipeline accessors by tests/test_pipeline.py and
-tests/test_ds_pipeline.py; the CIFAR override by tests/test_data.py."""
+covered by tests/strategies/test_zero.py; the pipeline accessors by tests/strategies/test_pipeline.py and
+tests/strategies/test_ds_pipeline.py; the CIFAR override by tests/data/test_data.py."""
 import inspect
 import re
 from pathlib import Path
@@ -16,11 +16,11 @@ from suite.compat import submitit as submitit_compat, torch as torch_compat, tor
 from suite.planner.memory import parameter_count
 from suite.strategies import _deepspeed
 from tests.parity import BASE, make_recipe, step_losses
-from tests.test_zero import held, near
+from tests.strategies.test_zero import held, near
 
 _deepspeed.preload()  # once here, not once per forked rank
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ADAM = {"name": "adam", "lr": 0.01}
 WORLD = 2
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from suite.submit import cli as submit
-from tests.test_data import write_idx
-from tests.test_recipe_errors import QUICKSTART, assert_one_line
+from tests.data.test_data import write_idx
+from tests.recipe.test_recipe_errors import QUICKSTART, assert_one_line
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the refusal does not apply")
 slurm = pytest.mark.skipif(shutil.which("sinfo") is None,

@@ -12,8 +12,8 @@ from suite.record.run_record import read_metrics
 from suite.strategies import _deepspeed
 from tests.harness import run_ranks
 from tests.parity import BASE, FP32_TOLERANCE, assert_matches, make_recipe, step_losses, tolerance
-from tests.test_recipe_errors import assert_one_line, run_cli
-from tests.test_resume import run_until_stopped
+from tests.recipe.test_recipe_errors import assert_one_line, run_cli
+from tests.train.test_resume import run_until_stopped
 
 _deepspeed.preload()  # once here, not once per forked rank
 

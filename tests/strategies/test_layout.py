@@ -28,7 +28,7 @@ def test_the_run_record_and_analysis_import_no_torch():
 def test_the_readmes_layout_names_every_module_outside_the_registries():
     """README's Layout section names every top-level module and folder of suite/, and every file of
     the packages that are not one-file-per-entry registries (strategies, models, data)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     layout = (root / "README.md").read_text().split("## Layout", 1)[1]
     suite = root / "suite"
     wanted = [p for p in suite.iterdir() if p.suffix == ".py" and p.name != "__init__.py"]

@@ -1,5 +1,5 @@
 """Tracking: W&B per rank written from the run record after training (never during it), the
-utilisation sampler, throughput, FLOPs and MFU (against the measured CPU peak: tests/test_peak.py)."""
+utilisation sampler, throughput, FLOPs and MFU (against the measured CPU peak: tests/train/test_peak.py)."""
 from __future__ import annotations
 
 import os

@@ -196,7 +196,7 @@ def test_a_killed_rank_ends_its_peer_with_an_error_not_a_hang(killed, tmp_path, 
 def test_hogwild_sweep_points_reuse_the_rank_processes(tmp_path):
     """hogwild declares ``reusable_process``: the second point of a local sweep trains in the
     first's rank processes, with a new segment, and both leave nothing in /dev/shm."""
-    from tests.test_pool import rank_pids, runs as pool_runs, status, submit
+    from tests.submit.test_pool import rank_pids, runs as pool_runs, status, submit
 
     before = set(glob.glob(SEGMENTS))
     proc = submit(tmp_path, "sweep.training.seed=[0,1]", recipe="recipes/hogwild_digits.yaml")
