@@ -1,0 +1,111 @@
+"""The layers of docs/architecture.md, held: import-linter's contracts (pyproject.toml) pass, no
+module of suite/ is on an import circle, suite/ has no loose modules, every command is a package
+with a ``__main__``, and every import inside a function says why it is there."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = REPO / "suite"
+COMMANDS = ["submit", "status", "export", "study", "plan", "calibrate", "verify", "doctor", "train"]
+# The one import that runs up the layers, named in the contract too: `torchrun -m suite.train`
+# keeps its name and hands over to the rank tasks.
+ALLOWED_UP = {("suite.train.__main__", "suite.tasks.torchrun")}
+
+
+def test_the_import_contracts_hold():
+    lint = Path(sys.executable).parent / "lint-imports"  # import-linter's command, installed with the test extras
+    proc = subprocess.run([str(lint) if lint.exists() else "lint-imports", "--config", str(REPO / "pyproject.toml")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def _cycle(graph) -> list[str] | None:
+    """One import circle among suite's modules (function-level imports included), or None."""
+    modules = sorted(graph.modules)
+    edges = {m: sorted(i for i in graph.find_modules_directly_imported_by(m)
+                       if i.startswith("suite") and (m, i) not in ALLOWED_UP) for m in modules}
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in edges[m]:
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        state[m] = "done"
+        stack.pop()
+        return None
+
+    sys.setrecursionlimit(10000)
+    for m in modules:
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_module_of_suite_is_on_an_import_circle():
+    circle = _cycle(grimp.build_graph("suite"))
+    assert circle is None, " -> ".join(circle)
+
+
+def test_the_cycle_finder_finds_a_circle(tmp_path, monkeypatch):
+    for name, body in {"a/__init__.py": "", "a/x.py": "from a import y\n", "a/y.py": "def f():\n    from a import x\n"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("a", cache_dir=None)
+    edges = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    assert edges["a.y"] == {"a.x"}  # grimp sees an import inside a function too
+    graph_like = type("G", (), {"modules": graph.modules,
+                                "find_modules_directly_imported_by": lambda self, m: {i.replace("a", "suite", 1) for i in edges[m.replace("suite", "a", 1)]}})()
+    graph_like.modules = {m.replace("a", "suite", 1) for m in graph.modules}
+    circle = _cycle(graph_like)
+    assert circle and circle[0] == circle[-1]
+
+
+def test_suite_has_no_loose_modules_and_every_command_is_a_package():
+    loose = sorted(p.name for p in SUITE.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"loose modules at suite/ top level: {loose}; put each in the package of its layer"
+    for command in COMMANDS:
+        assert (SUITE / command / "__main__.py").is_file(), f"python -m suite.{command} has no suite/{command}/__main__.py"
+
+
+REASONS = ("start-up", "optional")
+
+
+def function_level_imports_without_a_reason(source: str) -> list[int]:
+    """Lines of imports inside functions with no comment naming why (on the line or just above)."""
+    lines, bad = source.split("\n"), []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    said = lines[node.lineno - 1] + "\n" + "\n".join(
+                        line for line in lines[max(0, node.lineno - 4):node.lineno - 1] if line.strip().startswith("#"))
+                    if not any(r in said for r in REASONS):
+                        bad.append(node.lineno)
+    return sorted(set(bad))
+
+
+def test_every_function_level_import_says_why():
+    bad = [f"{p.relative_to(REPO)}:{n}" for p in sorted(SUITE.rglob("*.py"))
+           for n in function_level_imports_without_a_reason(p.read_text())]
+    assert not bad, ("imports inside functions must buy start-up time (or be an optional library) and say so "
+                     f"in a comment ('# start-up: ...' / '# optional: ...'), else move to the top: {bad}")
+
+
+def test_the_reason_check_catches_a_silent_import():
+    assert function_level_imports_without_a_reason("def f():\n    import json\n") == [2]
+    assert function_level_imports_without_a_reason("def f():\n    import torch  # start-up: torch\n") == []
+    assert function_level_imports_without_a_reason("def f():\n    # optional: mpi4py\n    import mpi4py\n") == []
