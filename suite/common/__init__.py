@@ -1,2 +1,3 @@
 """The bottom layer beside ``compat`` and ``record``: the suite's error types, the user-factory
-contract (``target: pkg.module:fn``), MPI's communicator and a free port. Imports nothing of the suite."""
+contract (``target: pkg.module:fn``), MPI's communicator, a free port and whether a process is alive.
+Imports nothing of the suite."""

@@ -1,6 +1,6 @@
-"""torch internals the pipeline strategy and the planner rely on. Every access was checked on torch 2.14.1 (the
-pin in pyproject.toml; ``suite.compat.CHECKED``) and only that version; docs/compat.md says what
-each is for.
+"""torch internals the pipeline strategy, the planner, the CPU memory peak and a local pool's warm
+start rely on. Every access was checked on torch 2.14.1 (the pin in pyproject.toml;
+``suite.compat.CHECKED``) and only that version; docs/compat.md says what each is for.
 """
 from __future__ import annotations
 
@@ -65,6 +65,43 @@ def busy_s(stage) -> float:
         raise incompatible(LIB, f"the pipeline schedule to call PipelineStage.{'/'.join(STAGE_COMPUTE_METHODS)} "
                                 f"(a whole step ran without them)")
     return stage.busy_s
+
+
+# ---- dispatch modes and fake tensors (the planner, the CPU memory peak) ---------------------------
+
+# The module a local pool's ranks import early for the strategies whose first step imports it
+# (their ``warm_imports``, suite/tasks/pool.py): torch._dynamo, seconds of CPU. Checked on 2.14.1.
+DYNAMO = "torch._dynamo"
+
+
+def dispatch_mode_class():
+    """``TorchDispatchMode``, the base class of a Python dispatch mode (its ``__torch_dispatch__``
+    sees every operator called under it): the planner's counters (suite/planner/counting.py) and
+    the CPU allocation peak (suite/record/allocated.py). Described in torch's extending guide but
+    kept in the private module ``torch.utils._python_dispatch``. Checked on 2.14.1."""
+    return import_internal("torch.utils._python_dispatch", "TorchDispatchMode", lib=LIB,
+                           what="the base class of Python dispatch modes")
+
+
+def fake_tensor_mode(**kwargs):
+    """A ``FakeTensorMode`` (``torch._subclasses.fake_tensor``: tensors with shapes and dtypes, no
+    memory or values), built with ``kwargs``: the mode the planner's fake run builds and steps a
+    strategy under. Checked on 2.14.1."""
+    mode = import_internal("torch._subclasses.fake_tensor", "FakeTensorMode", lib=LIB,
+                           what="the mode of fake tensors")
+    return mode(**kwargs)
+
+
+def storage_key(tensor):
+    """What tells a tensor's storage apart from every other one alive (views share it): the
+    address of its C++ StorageImpl, ``untyped_storage()._cdata``; None for a tensor without a
+    storage of its own (``untyped_storage()`` raises: a subclass, whose parts have theirs).
+    Checked on 2.14.1."""
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return require_attr(storage, "_cdata", lib=LIB, what="the address of a storage's StorageImpl")
 
 
 # ---- the planner's fake run (suite/planner/fake_run.py) ------------------------------------------

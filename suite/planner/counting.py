@@ -7,7 +7,10 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from suite.compat import torch as torch_compat
+
+TorchDispatchMode = torch_compat.dispatch_mode_class()
 
 _COLLECTIVES = {  # op name (without namespace and trailing _) -> (kind, which tensors are the message)
     "allreduce": ("all_reduce", "input"), "allreduce_coalesced": ("all_reduce", "input"),
@@ -88,9 +91,9 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {_storage_key(t) for t in _tensors((args, tuple((kwargs or {}).values())))}
+        inputs = {torch_compat.storage_key(t) for t in _tensors((args, tuple((kwargs or {}).values())))}
         for t in _tensors(out):
-            key = _storage_key(t)
+            key = torch_compat.storage_key(t)
             if key is None or key in inputs or (key in self._seen and self._seen[key]() is not None):
                 continue  # no storage of its own (a subclass: its parts are counted), or not new
             storage = t.untyped_storage()
@@ -111,13 +114,6 @@ class LiveBytes(TorchDispatchMode):
             self.live -= size
             self._seen.pop(key, None)
         return callback
-
-
-def _storage_key(t):
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
-        return None
 
 
 def fake_batch(recipe, samples: int):

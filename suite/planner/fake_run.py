@@ -71,7 +71,6 @@ def at_world(recipe, world_size: int):
 
 def profile_step(recipe, world_size: int) -> StepProfile:
     """Rank 0's cost of one optimizer step of ``recipe`` at ``world_size`` (see the module doc)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     from suite import strategies
@@ -89,7 +88,7 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     layout = setup.layout
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(torch_compat.fake_tensor_mode(allow_non_fake_inputs=True))
         stack.enter_context(prepare.default_dtype(recipe.training.precision))  # fp64: as the rank builds
         built = stack.enter_context(LiveBytes())  # what the build and the first step leave alive
         engine = strategies.build(recipe.strategy, setup)
@@ -199,10 +198,9 @@ def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool
 
 def warm() -> None:
     """Import what every child needs once, in the parent (forked children share it)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils import flop_counter  # noqa: F401
 
     import suite.strategies  # noqa: F401
     import suite.train.rank  # noqa: F401
-    FakeTensorMode()  # imports dynamo, the bulk of the start-up
+    torch_compat.fake_tensor_mode()  # imports dynamo, the bulk of the start-up
 

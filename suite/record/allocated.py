@@ -31,7 +31,8 @@ import ctypes.util
 import gc
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from suite.compat import torch as torch_compat
 
 STEPS = 2  # the first step creates the optimizer's state; the second is a step like all later ones
 
@@ -62,7 +63,7 @@ def allocated_bytes() -> int | None:
     return info.uordblks + info.hblkhd
 
 
-class _Sampler(TorchDispatchMode):
+class _Sampler(torch_compat.dispatch_mode_class()):
     def __init__(self):
         super().__init__()
         self.start = allocated_bytes()

@@ -8,8 +8,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-import psutil
-
+from suite.common import processes
 from suite.record import run_record
 
 _SLURM_ALIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
@@ -50,12 +49,8 @@ def _live_ranks(run_dir: Path) -> list[int]:
     here = socket.gethostname()
     alive = []
     for proc in run_record.rank_processes(run_dir):
-        if proc.get("host") == here and psutil.pid_exists(proc["pid"]):
-            try:
-                if psutil.Process(proc["pid"]).create_time() <= proc["started_at"] + 1:
-                    alive.append(proc["rank"])  # the same process, not a later one with its pid
-            except psutil.NoSuchProcess:
-                pass
+        if proc.get("host") == here and processes.alive(proc["pid"], started_at=proc["started_at"]):
+            alive.append(proc["rank"])  # the same process, not a later one with its pid
     return alive
 
 

@@ -5,12 +5,13 @@ from typing import ClassVar, Literal
 from pydantic import PositiveFloat
 from torch.nn.parallel import DistributedDataParallel
 
+from suite.compat import torch as torch_compat
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
 class Options(StrategyOptions):
     name: Literal["ddp"] = "ddp"
-    warm_imports: ClassVar = ("torch._dynamo",)
+    warm_imports: ClassVar = (torch_compat.DYNAMO,)
     reusable_process: ClassVar = True
     bucket_cap_mb: PositiveFloat = 25.0
     static_graph: bool = False

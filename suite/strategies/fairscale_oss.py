@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 
 import torch
 
+from suite.compat import torch as torch_compat
 from suite.record.metrics import optimizer_state_bytes
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
@@ -23,7 +24,7 @@ from suite.strategies.keys import Refused
 
 class Options(StrategyOptions):
     name: Literal["oss"] = "oss"
-    warm_imports: ClassVar = ("torch._dynamo", "fairscale.optim.oss")
+    warm_imports: ClassVar = (torch_compat.DYNAMO, "fairscale.optim.oss")
     refuses: ClassVar = (Refused("training.precision", ("fp32", "bf16", "fp16"),
                                  "fairscale OSS's clip_grad_norm computes the norm in float32, refused for float64 gradients",
                                  when=lambda r: r.training.grad_clip_norm is not None),)

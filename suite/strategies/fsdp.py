@@ -21,13 +21,14 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import PositiveInt
 
+from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
 class Options(StrategyOptions):
     name: Literal["fsdp"] = "fsdp"
-    warm_imports: ClassVar = ("torch._dynamo", "torch.distributed.fsdp")
+    warm_imports: ClassVar = (torch_compat.DYNAMO, "torch.distributed.fsdp")
     reusable_process: ClassVar = True
     reshard_after_forward: bool = True  # false: ZeRO-2-like grad-op sharding
     replicate: PositiveInt = 1  # hybrid sharding: replicas; each is sharded over world / replicate

@@ -18,13 +18,14 @@ from contextlib import nullcontext
 from typing import ClassVar, Literal
 
 
+from suite.compat import torch as torch_compat
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
 
 
 class Options(StrategyOptions):
     name: Literal["fsdp1"] = "fsdp1"
-    warm_imports: ClassVar = ("torch._dynamo", "torch.distributed.fsdp")
+    warm_imports: ClassVar = (torch_compat.DYNAMO, "torch.distributed.fsdp")
     refuses: ClassVar = (Refused("training.precision", ("fp32", "bf16", "fp16"),
                                  "torch FSDP1's clip_grad_norm_ computes the norm in float32, refused for float64 gradients",
                                  when=lambda r: r.training.grad_clip_norm is not None),)

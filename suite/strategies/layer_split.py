@@ -14,13 +14,14 @@ from typing import ClassVar, Literal, Optional
 import torch
 from torch import nn
 
+from suite.compat import torch as torch_compat
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.splitting import check_devices_per_task, check_recipe_split, cut, resolve_split
 
 
 class Options(StrategyOptions):
     name: Literal["layer_split"] = "layer_split"
-    warm_imports: ClassVar = ("torch._dynamo",)
+    warm_imports: ClassVar = (torch_compat.DYNAMO,)
     reusable_process: ClassVar = True
     # Block indices where parts 2.. start (one per extra device); default: balanced by parameters.
     split_at: Optional[list[int]] = None

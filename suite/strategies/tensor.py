@@ -20,6 +20,7 @@ import torch
 from pydantic import PositiveInt
 
 from suite.common.errors import SuiteError
+from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
 from suite.strategies import fsdp
 from suite.strategies.base import ModuleEngine, StrategyOptions
@@ -69,7 +70,7 @@ PLANS = {"mlp": mlp_plan, "transformer": transformer_plan}
 
 class Options(StrategyOptions):
     name: Literal["tensor"] = "tensor"
-    warm_imports: ClassVar = ("torch._dynamo",)
+    warm_imports: ClassVar = (torch_compat.DYNAMO,)
     reusable_process: ClassVar = True
     dp: PositiveInt = 1  # data-parallel degree (FSDP2 over the dp mesh dimension)
     tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp

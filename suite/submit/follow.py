@@ -15,9 +15,9 @@ import submitit
 
 from suite.compat import submitit as submitit_compat
 from suite.common.errors import RunCancelled, RunFailed
+from suite.common.processes import alive
 from suite.record import run_record
 from suite.record.status import squeue
-from suite.tasks.pool import alive
 
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",

@@ -23,9 +23,9 @@ import time
 import traceback
 from pathlib import Path
 
-import psutil
 import submitit
 
+from suite.common.processes import alive
 from suite.compat import submitit as submitit_compat
 from suite.record import run_record
 from suite.tasks import train as train_task
@@ -181,14 +181,6 @@ def wait_for_exit(pid: int) -> None:
             select.select([fd], [], [], 5.0)
     finally:
         os.close(fd)
-
-
-def alive(pid: int) -> bool:
-    """A process that has exited but is not reaped yet (a zombie) counts as gone."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _send(pid: int, signum: int) -> None:

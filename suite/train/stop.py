@@ -16,8 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 
-import psutil
-
+from suite.common.processes import alive
 from suite.compat import submitit as submitit_compat
 
 _preempt = threading.Event()
@@ -60,17 +59,9 @@ def install_handlers(watcher_pid: int | None = None) -> None:
 
 def requests() -> tuple[float, float]:
     """(preempt, cancel) as 0/1 for this rank, to be summed over ranks by the loop's reduction."""
-    if _watcher_pid is not None and not _alive(_watcher_pid):
+    if _watcher_pid is not None and not alive(_watcher_pid):
         _cancel.set()
     return float(_preempt.is_set()), float(_cancel.is_set())
-
-
-def _alive(pid: int) -> bool:
-    """A killed process stays a zombie until its parent reaps it: that counts as gone."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def hand_over_to_submitit(ctx) -> None:
