@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import shutil
 import sys
 import tempfile
@@ -33,9 +32,7 @@ from pathlib import Path
 import yaml
 
 from suite.common.errors import SuiteError, one_line
-from suite.recipe.text import NAME_KEYS, STUDY_KEYS, _flatten, apply_override, check_name, read, set_path
-
-DEFAULT_PROFILE = "cpu"
+from suite.study.arms import DEFAULT_PROFILE, arm_recipes, check_arms, split
 
 
 def parse_args(argv):
@@ -48,74 +45,6 @@ def parse_args(argv):
     p.add_argument("--out", default="studies", help="folder that gets the study's folder (default: studies/)")
     p.add_argument("--dry-run", action="store_true", help="check every arm with suite.submit --dry-run; train nothing")
     return p.parse_intermixed_args(argv)
-
-
-def split(path) -> tuple[dict, dict]:
-    """(the recipe part, the study part) of a study recipe, the study part checked."""
-    raw = read(path)
-    study = {k: raw.pop(k) for k in STUDY_KEYS if k in raw}
-    arms = study.get("arms")
-    if not isinstance(arms, dict) or not arms:
-        raise SuiteError(f"study {path}: arms must map arm names to override sets, e.g. arms: {{ddp: "
-                         f"{{strategy.name: ddp}}}}")
-    for arm, overrides in arms.items():
-        try:
-            check_name(arm)  # it names the arm's run folders
-        except SuiteError:
-            raise SuiteError(f"arms: {arm!r} must be a name of letters, digits, '.', '_' and '-'") from None
-        if not isinstance(overrides, dict):
-            raise SuiteError(f"arms.{arm} must be a mapping of key.path: value (e.g. strategy.name: ddp)")
-    if study.get("baseline") is not None and study["baseline"] not in arms:
-        raise SuiteError(f"baseline={study.get('baseline')!r} must name one of the arms: {', '.join(arms)}")
-    profiles = study.setdefault("profiles", {})
-    if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
-        raise SuiteError("profiles must map profile names to override sets, e.g. profiles: {cpu: {data.name: digits}}")
-    for arm, spec in arms.items():
-        own = spec.get("profiles", {})
-        if not isinstance(own, dict) or not all(isinstance(v, dict) and k in profiles for k, v in own.items()):
-            raise SuiteError(f"arms.{arm}.profiles must map profile names of the study ({', '.join(profiles)}) to "
-                             f"override sets, e.g. profiles: {{full: {{data.name: cifar10}}}}")
-    repeats = study.setdefault("repeats", 1)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise SuiteError(f"repeats={repeats!r} must be a whole number >= 1")
-    if "reference" not in study:
-        raise SuiteError(f"study {path}: reference is required (the published figures per arm)")
-    from analysis.study import baselines, check_reference
-
-    baselines(arms, study.get("baseline"))
-    check_reference(study["reference"], arms)
-    return raw, study
-
-
-def _apply(raw: dict, overrides: dict) -> None:
-    """``key.path: value`` pairs, as overrides: a changed model/data/strategy name starts its section afresh."""
-    items = _flatten(overrides)
-    for key in sorted(items, key=lambda k: k not in NAME_KEYS):
-        apply_override(raw, f"{key}={json.dumps(items[key])}")
-
-
-def arm_recipes(raw: dict, study: dict, profile: str, repeats: int, overrides=()) -> dict[str, dict]:
-    """arm -> its recipe: the study's recipe, then the profile, the arm with its own profile's overrides
-    (those win), the command line; repeats as a seed sweep."""
-    from analysis.study import ARM_KEYS
-
-    if profile not in study["profiles"]:
-        known = ", ".join(study["profiles"]) or "none"
-        raise SuiteError(f"--profile {profile}: the study has no such profile; its profiles: {known}")
-    out = {}
-    for arm, spec in study["arms"].items():
-        recipe = json.loads(json.dumps(raw))
-        _apply(recipe, study["profiles"][profile])
-        own = {k: v for k, v in spec.items() if k not in ARM_KEYS}
-        _apply(recipe, {**_flatten(own), **_flatten(spec.get("profiles", {}).get(profile, {}))})
-        for item in overrides:
-            apply_override(recipe, item)
-        recipe["name"], recipe["arm"] = f"{raw['name']}-{arm}", arm
-        if repeats > 1:
-            seed = (recipe.get("training") or {}).get("seed", 0)
-            set_path(recipe.setdefault("sweep", {}), "training.seed", [seed + i for i in range(repeats)])
-        out[arm] = recipe
-    return out
 
 
 def main(argv=None) -> int:
@@ -146,21 +75,6 @@ def _main(args) -> int:
     report_code = report.main([str(folder / "runs"), "--out", str(folder), "--study", str(folder / "study.yaml")])
     print(f"study {raw['name']} ({args.profile}): {folder / 'report.html'}")
     return code or report_code
-
-
-def check_arms(recipes: dict) -> None:
-    """Validate every arm's every point before anything runs; an error names the arm."""
-    import copy
-
-    from suite import recipe as schema
-    from suite.recipe.text import expand_sweep
-
-    for arm, recipe in recipes.items():
-        try:
-            for point in expand_sweep(copy.deepcopy(recipe)):
-                schema.validate(point)
-        except SuiteError as e:
-            raise SuiteError(f"arm {arm}: {e}") from None
 
 
 def _new_folder(out: Path, name: str) -> Path:

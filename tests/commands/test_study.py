@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from suite.study import __main__ as study
+from suite.study import __main__ as study, arms
 from suite.record.run_record import read_json
 from tests.browser import assert_renders
 
@@ -201,15 +201,15 @@ def _two_model_study(tmp_path, **arm_edits) -> Path:
 def test_each_arm_divides_by_its_own_baseline_and_takes_its_own_profile(tmp_path):
     from analysis.study import baselines
 
-    raw, spec = study.split(_two_model_study(tmp_path))
+    raw, spec = arms.split(_two_model_study(tmp_path))
     assert baselines(spec["arms"], spec.get("baseline")) == {
         "mlp-single": "mlp-single", "mlp-ddp": "mlp-single", "cnn-single": "cnn-single", "cnn-ddp": "cnn-single"}
-    recipes = study.arm_recipes(raw, spec, "cpu", 1)
+    recipes = arms.arm_recipes(raw, spec, "cpu", 1)
     # the arm's own cpu profile wins over the study's (epochs 7) and sits beside the arm's keys
     assert recipes["mlp-ddp"]["training"]["epochs"] == 2 and recipes["mlp-ddp"]["training"]["batch_size"] == 64
     assert recipes["cnn-ddp"]["training"]["epochs"] == 7 and recipes["cnn-ddp"]["model"] == {"name": "cnn"}
     assert "baseline" not in recipes["mlp-ddp"] and "profiles" not in recipes["mlp-ddp"]
-    full = study.arm_recipes(raw, spec, "full", 1)
+    full = arms.arm_recipes(raw, spec, "full", 1)
     assert full["mlp-ddp"]["training"]["epochs"] == 10  # the arm has no full profile of its own
 
 

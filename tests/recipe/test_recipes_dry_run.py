@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suite.study import __main__ as study
+from suite.study import __main__ as study, arms
 from suite.submit import cli
 from tests.data.test_data import write_idx
 
@@ -59,7 +59,7 @@ def test_fashion_mnist_study_full_profile_dry_runs_on_its_data(tmp_path, capsys)
 def test_every_profile_of_every_study_validates(path):
     """Every arm of every profile passes the recipe checks (keys, degrees, batch split, strategy
     rules) without its data; the full profiles read data sets that are not here to dry-run."""
-    raw, spec = study.split(path)
+    raw, spec = arms.split(path)
     assert "cpu" in spec["profiles"] and "full" in spec["profiles"]
     for profile in spec["profiles"]:
-        study.check_arms(study.arm_recipes(raw, spec, profile, 2))
+        arms.check_arms(arms.arm_recipes(raw, spec, profile, 2))
