@@ -3,36 +3,22 @@ the prediction every run records (``suite.planner.predict``), which cannot pay f
 
 Held bytes are ``suite.planner.memory``'s (the strategy's ``held_fraction``). FLOPs and activations
 come from a fake run of the bare model (no strategy) at the rank's batch, split over the
-ranks that share one replica (pipeline stages, tensor-parallel ranks) where there are some. Communication follows the per-strategy rules of
-``communication`` (the one copy of them), in the byte conventions of ``suite.planner.profile``
-(message sizes per rank per optimizer step; G: this rank's model gradient bytes before
-sharding, P: its parameter bytes, both fp32; U: the units a sharding strategy gathers one at a
-time, every top-level block with parameters plus the root):
-
-- ``ddp``: all_reduce G in buckets of ``bucket_cap_mb`` (25 MiB by default), a call each.
-- ``allreduce``: all_reduce G, a call per parameter tensor (it reduces each gradient alone).
-- ``zero`` stage 0: all_reduce G. Stages 1 and 2: reduce_scatter G (gradients reduced into
-  their owners' partitions), all_gather P (the updated partitions gathered back), a call each.
-  Stage 3: all_gather P twice (before each unit's forward and its backward), reduce_scatter G,
-  a call per unit and pass.
-- ``fsdp``/``fsdp1``: as ZeRO-3 (``reshard_after_forward: false``: one gather per unit).
-- ``oss`` (fairscale optimizer state sharding): all_reduce G (every gradient, as DDP), then
-  broadcast P (each updated shard from the rank that owns it).
-- ``ds_pipeline``/``pipeline``/``layer_split``: all_reduce of the stage's gradients over its
-  data-parallel group when dp > 1; the send and recv of activations between stages are not
-  counted (no fake run saw them).
-- ``tensor``: the all-reduces inside each layer depend on the layers: not counted here (the
-  fake run of ``python -m suite.plan`` counts them).
-- ``hogwild``: none (the ranks share one copy of the parameters in memory).
-- anything else: the data-parallel rule, all_reduce G when there is more than one data rank.
+ranks that share one replica (pipeline stages, tensor-parallel ranks) where there are some.
+Communication, copies and buffers follow the strategy's own rules, declared on its options class
+(``suite.strategies.costs``; docs/architecture.md, "A strategy's rules"): ``comm_rule`` gives the
+collectives in the byte conventions of ``suite.planner.profile`` (message sizes per rank per
+optimizer step) from G, this rank's model gradient bytes before sharding, P, its parameter bytes
+(both fp32, its stage's under a pipeline), and U, the units a sharding strategy gathers one at a
+time (every top-level block with parameters, plus the root). A strategy that declares no rule is
+refused (SuiteError), never given a default; one rank communicates nothing whatever its rules.
 
 Peak bytes: what the rank holds (parameters, gradients, optimizer state: the estimate), plus
-the strategy's buffers that live through the step (``persistent_buffers``: DDP's gradient
-buckets, DeepSpeed ZeRO's gradient bucket), plus the larger of the two transient phases of the
-bare model's step at the rank's batch: forward and backward (its activations, the units a
-sharding strategy gathers, ZeRO's copies of the gradients: ``backward_buffers``) or the
-optimizer's update (its temporaries, which shrink with the shard the optimizer steps:
-``optimizer_temporaries``). Measured against the bytes the rank allocated
+the strategy's buffers that live through the step (``persistent_buffers``: its
+``persistent_buffer_bytes``, e.g. DDP's gradient buckets, DeepSpeed ZeRO's gradient bucket), plus
+the larger of the two transient phases of the bare model's step at the rank's batch: forward and
+backward (its activations, plus the strategy's ``pass_buffer_bytes``: the units a sharding
+strategy gathers, ZeRO's copies of the gradients) or the optimizer's update (its temporaries,
+which shrink with the shard the optimizer steps: ``optimizer_temporary_bytes``). Measured against the bytes the rank allocated
 (``peak_allocated_bytes``); the freed blocks an allocator keeps resident are not predicted, nor
 what libraries allocate for themselves beyond gloo's scratch for ZeRO's reduction.
 """
@@ -82,10 +68,6 @@ def model_step(recipe) -> dict:
             "parameter_tensors": len(sizes), "units": unit_bytes(model)}
 
 
-DDP_BUCKET_MB = 25  # torch DDP's default bucket_cap_mb
-NO_COLLECTIVES = ("hogwild", "single", "tf_single")
-
-
 def unit_bytes(model) -> list[int]:
     """Parameter bytes of the units a sharding strategy gathers one at a time: each top-level
     block with parameters, then the root's own (what is left)."""
@@ -95,121 +77,72 @@ def unit_bytes(model) -> list[int]:
     return blocks + ([total - sum(blocks)] if total > sum(blocks) else [])
 
 
+def strategy_rules(options, *rules: str):
+    """The strategy's options, SuiteError (one line, naming the strategy and the rule) where it
+    declares none of ``rules`` (default: all of them): never a default cost model."""
+    # start-up: the strategy registry imports torch and every strategy; loaded when a rule is read.
+    from suite.strategies import costs
+
+    costs.require(options, *rules)
+    return options
+
+
+def step_sizes(recipe, g: int, p: int, step: dict, parts: int = 1):
+    """What the strategy's rules read of this rank's step (``suite.strategies.costs.StepSizes``);
+    ``g`` and ``p``: its gradient and parameter bytes before sharding (its stage's, under a
+    pipeline); ``step``: ``model_step``'s result."""
+    # start-up: the strategy registry and train.dist import torch; loaded when a rule is read.
+    from suite.strategies.costs import StepSizes
+    from suite.train.dist import uses_cuda
+
+    return StepSizes(layout=recipe.layout(), gradient_bytes=g, parameter_bytes=p,
+                     parameter_tensors=step.get("parameter_tensors", 0), units=tuple(step.get("units", ())),
+                     largest_tensor_bytes=step.get("largest_tensor_bytes", 0),
+                     model_parameter_bytes=step.get("parameter_bytes", 0),
+                     optimizer_bytes=step.get("optimizer_bytes", 0), parts=parts,
+                     cuda=uses_cuda(recipe.launch.device))
+
+
 def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, int]]:
-    """{kind: (bytes, calls)} per rank per step by the rules in the module doc; ``g`` and ``p``:
-    this rank's gradient and parameter bytes before sharding (its stage's, under a pipeline);
-    ``step``: ``model_step``'s result (the model's units and parameter tensors)."""
-    strategy, layout = recipe.strategy, recipe.layout()
-    name, dp = strategy.name, layout.dp_size
-    if recipe.world_size == 1 or name in NO_COLLECTIVES or name == "tensor":
+    """{kind: (bytes, calls)} per rank per step by the strategy's ``comm_rule`` (module doc);
+    nothing at world size 1."""
+    strategy = strategy_rules(recipe.strategy, "comm_rule")
+    if recipe.world_size == 1:
         return {}
-    if name == "ddp":
-        bucket = (getattr(strategy, "bucket_cap_mb", None) or DDP_BUCKET_MB) * 2**20
-        return {"all_reduce": (g, max(1, -(-g // int(bucket))))} if dp > 1 else {}
-    if name == "allreduce":
-        return {"all_reduce": (g, step["parameter_tensors"])}
-    if name == "zero" and strategy.stage == 0:
-        return {"all_reduce": (g, 1)}
-    if name == "zero" and strategy.stage in (1, 2):
-        return {"reduce_scatter": (g, 1), "all_gather": (p, 1)}
-    if (name == "zero" and strategy.stage == 3) or name in ("fsdp", "fsdp1", "fairscale_fsdp"):
-        n = len(step["units"]) or 1
-        gathers = 1 if getattr(strategy, "reshard_after_forward", True) is False else 2
-        return {"all_gather": (gathers * p, gathers * n), "reduce_scatter": (g, n)}
-    if name == "oss":
-        return {"all_reduce": (g, 1), "broadcast": (p, 1)}
-    return {"all_reduce": (g, 1)} if dp > 1 else {}
-
-
-SHARDED_UNITS = ("fsdp", "fsdp1", "fairscale_fsdp")
+    return dict(strategy.comm_rule(step_sizes(recipe, g, p, step)))
 
 
 def copy_bytes(recipe, comm_bytes: dict[str, int]) -> int:
     """Bytes a rank copies per step besides compute and collectives (``StepProfile.copy_bytes``),
-    from the step's message sizes (``comm_bytes``, by kind; the fake run's or ``communication``'s).
-
-    FSDP2 (``fsdp``) keeps each parameter's shard apart, so each gather of a unit copies the
-    rank's shards into the gather's buffer (1/N of what it gathers) and the gathered result out
-    into the parameters (all of it), and each reduce-scatter packs the unit's gradients into its
-    input (all of it): profiled on this CPU at world 2, these copies took 8 % of the step. FSDP1
-    and fairscale gather into flat parameters whose views the modules use, and DeepSpeed ZeRO-3
-    partitions flat buffers likewise: nothing counted for them."""
-    if recipe.strategy.name != "fsdp" or recipe.world_size == 1:
+    from the step's message sizes (``comm_bytes``, by kind; the fake run's or ``communication``'s):
+    the strategy's ``copy_bytes`` (FSDP2's gathers and reduce-scatters copy into and out of
+    their buffers; flat-parameter wrappers copy nothing counted); nothing at world size 1."""
+    if recipe.world_size == 1:
         return 0
-    gathered = comm_bytes.get("all_gather", 0)
-    return gathered // recipe.layout().degree("shard") + gathered + comm_bytes.get("reduce_scatter", 0)
+    return recipe.strategy.copy_bytes(comm_bytes, recipe.layout())
 
 
 def persistent_buffers(recipe, g: int) -> int:
-    """Bytes a strategy keeps beside what the rank holds through the whole step: DDP's buckets (a
-    copy of every gradient, ``gradient_as_bucket_view`` off); DeepSpeed ZeRO's gradient bucket of
-    ``reduce_bucket_size`` elements (5e8 by default: 1.9 GiB in fp32, whatever the model's size),
-    allocated whole with ``contiguous_gradients`` (on by default), twice at stages 1-2 with
-    ``overlap_comm``. On a CPU only the pages the gradients fill become resident; on a GPU all of
-    it is device memory."""
-    name = recipe.strategy.name
-    if name == "ddp":
-        return g if recipe.world_size > 1 else 0
-    if name == "zero" and recipe.strategy.stage >= 1:
-        zero = _deepspeed_zero_config(recipe)
-        if not zero.contiguous_gradients:
-            return 0
-        stage = recipe.strategy.stage
-        element = 4 if stage == 1 or recipe.training.precision == "fp32" else 2  # stage 1 reduces in fp32
-        buffers = 2 if zero.overlap_comm and stage < 3 else 1
-        return int(zero.reduce_bucket_size) * element * buffers
-    return 0
-
-
-def _deepspeed_zero_config(recipe):
-    """DeepSpeed's own reading of the run's zero_optimization section, its defaults filled in."""
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-    from suite.strategies.zero import _config
-
-    return DeepSpeedZeroConfig(**_config(recipe.strategy, recipe.layout())["zero_optimization"])
+    """Bytes a strategy keeps beside what the rank holds through the whole step (its
+    ``persistent_buffer_bytes``: DDP's buckets, DeepSpeed ZeRO's gradient bucket)."""
+    return recipe.strategy.persistent_buffer_bytes(step_sizes(recipe, g, g, {}))
 
 
 def backward_buffers(recipe, step: dict, g: int) -> int:
     """Bytes a strategy allocates during the passes beside what the rank holds and the model's
-    activations, at their most:
-
-    - FSDP and ZeRO-3: the largest unit's parameters and full gradients, and the next unit's
-      parameters (prefetched). FSDP frees a unit's parameters before it copies the gradients
-      into its reduce-scatter's input, so it holds no third copy.
-    - DeepSpeed ZeRO (stages 1-3) reduces the gradients as one flat copy of its bucket (at most
-      ``reduce_bucket_size``; a gradient larger than the bucket goes alone, uncopied), and gloo
-      allocates a scratch of the message's size for the collective (on a CPU; NCCL works in
-      buffers of its own): two copies of the message. ZeRO-3 reduces while units are still
-      gathered."""
-    from suite.train.dist import uses_cuda
-
-    name, world = recipe.strategy.name, recipe.world_size
-    if world == 1:
+    activations, at their most (its ``pass_buffer_bytes``: the units FSDP and ZeRO-3 gather,
+    ZeRO's copies of the gradients); nothing at world size 1."""
+    if recipe.world_size == 1:
         return 0
-    largest, following = (sorted(step["units"], reverse=True) + [0, 0])[:2]
-    units = 2 * largest + following
-    if name in SHARDED_UNITS:
-        return units
-    if name == "zero" and recipe.strategy.stage >= 1:
-        message = max(min(g, int(_deepspeed_zero_config(recipe).reduce_bucket_size) * 4), step["largest_tensor_bytes"])
-        reduction = message * (1 if uses_cuda(recipe.launch.device) else 2)
-        return reduction + (units if recipe.strategy.stage == 3 else 0)
-    return 0
+    return recipe.strategy.pass_buffer_bytes(step_sizes(recipe, g, g, step))
 
 
 def optimizer_temporaries(recipe, step: dict, parts: int) -> int:
-    """The optimizer's temporaries, scaled to the tensors it steps: the bare model's as they are;
-    a shard of each parameter (FSDP) 1/dp of them; DeepSpeed's one flat partition (ZeRO stages
-    1-3) as many per byte as the bare model's largest tensor took, for a tensor of 1/dp of the model."""
-    name, dp = recipe.strategy.name, recipe.layout().dp_size
-    temporaries = step["optimizer_bytes"] // parts
-    if name in SHARDED_UNITS:
-        return temporaries // dp
-    if name == "zero" and recipe.strategy.stage >= 1 and step["largest_tensor_bytes"]:
-        per_byte = step["optimizer_bytes"] / step["largest_tensor_bytes"]
-        return int(per_byte * step["parameter_bytes"] / parts / dp)
-    return temporaries
+    """The optimizer's temporaries, scaled to the tensors it steps (the strategy's
+    ``optimizer_temporary_bytes``): the bare model's over the ranks sharing a replica, less
+    where the optimizer steps shards (FSDP, DeepSpeed's flat partition)."""
+    stage_bytes = step["parameter_bytes"] // parts
+    return recipe.strategy.optimizer_temporary_bytes(step_sizes(recipe, stage_bytes, stage_bytes, step, parts))
 
 
 def profile(recipe, world_size: int, reason: str) -> StepProfile:
@@ -217,6 +150,7 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     fake run could not be used, kept in ``notes``."""
     from suite.planner.memory import predicted_held_bytes
 
+    strategy_rules(recipe.strategy)  # every rule declared, before a second is spent on the model
     layout = recipe.layout()
     step = model_step(recipe)
     stages = layout.degree("pipeline")

@@ -115,21 +115,13 @@ def profile_step(recipe, world_size: int) -> StepProfile:
 
 # ---- one (strategy, world size) per forked child ----------------------------------------------
 
-# Strategies whose real code does not run on fake tensors (what it failed with, tried on torch
-# 2.14 / DeepSpeed 0.19); the planner uses their analytic rule unless asked to try again.
-CANNOT_FAKE = {
-    "zero": "DeepSpeed reads tensor values during its step (aten._local_scalar_dense: .item() on a "
-            "fake tensor has no value)",
-    "ds_pipeline": "DeepSpeed's pipeline engine reads tensor values while it starts (.tolist() of "
-                   "the parameter counts it all-reduces over the stages)",
-    "pipeline": "torch.distributed.pipelining infers stage shapes by messages between ranks, which "
-                "the fake process group does not carry (it would need static stage metadata)",
-}
-
-
 def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
-    """The fake run where it works, else the analytic rule with the reason in ``notes``."""
-    reason = None if try_fake else CANNOT_FAKE.get(recipe.strategy.name)
+    """The fake run where it works, else the analytic rule with the reason in ``notes``. A strategy
+    whose real code does not run on fake tensors says why (``cannot_fake`` on its options class,
+    what it failed with on torch 2.14 / DeepSpeed 0.19): its analytic rule then, unless asked to
+    try again. SuiteError where the strategy declares no rules."""
+    strategy = analytic.strategy_rules(recipe.strategy)
+    reason = None if try_fake else (strategy.cannot_fake or None)
     if reason is None:
         try:
             return profile_step(recipe, world_size)

@@ -30,8 +30,10 @@ class Point:
 
 
 def strategy_specs(text: str, recipe_strategy: dict) -> list[tuple[str, dict]]:
-    """(label, strategy section) per strategy asked for."""
-    from suite.strategies import STRATEGIES
+    """(label, strategy section) per strategy asked for; SuiteError where one is unknown or
+    declares not all of its rules (``suite.strategies.costs``)."""
+    # start-up: the strategy registry imports torch; python -m suite.plan --help does not need it.
+    from suite.strategies import STRATEGIES, costs
 
     if text == "all":
         items = list(STRATEGIES)
@@ -42,6 +44,7 @@ def strategy_specs(text: str, recipe_strategy: dict) -> list[tuple[str, dict]]:
         name, *pairs = item.split(":")
         if name not in STRATEGIES:
             raise SuiteError(f"--strategies: {name!r} is not a strategy; choose from {', '.join(STRATEGIES)}")
+        costs.require(STRATEGIES[name].Options)  # a strategy without its rules is refused, not given defaults
         section = dict(recipe_strategy) if name == recipe_strategy.get("name") and not pairs else {"name": name}
         for pair in pairs:
             key, sep, value = pair.partition("=")

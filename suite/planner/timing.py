@@ -24,59 +24,53 @@ calibration older than this rate predicts no copy time (``copy_s`` 0).
 comm: the fits timed at the run's world size (``collectives_by_world``) where the calibration
 has them, else those of its first world size.
 
-``OVERLAP`` below is every strategy's overlap rule, in one place. On a CPU node with exactly one
-rank per core nothing is hidden whatever the rule (``_cores_all_busy``).
+overlap: every strategy's own rule (``overlap`` on its options class, ``suite.strategies.costs.
+Overlap``; docs/architecture.md, "A strategy's rules"): the share of each collective kind's time
+hidden under backward or the whole step, and whether stages idle in a pipeline's bubble. A
+strategy that declares none is refused. On a CPU node with exactly one rank per core nothing is
+hidden whatever the rule (``_cores_all_busy``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from suite.common.errors import SuiteError
 from suite.planner import alpha_beta
 from suite.planner.profile import StepProfile
+
+if TYPE_CHECKING:  # the strategy registry imports torch: timing stays torch-free at import
+    from suite.strategies.costs import Overlap
 
 BACKWARD_SHARE = 2 / 3  # backward ≈ 2 x forward FLOPs: the window a gradient reduction can hide in
 
 
-@dataclass(frozen=True)
-class Overlap:
-    """Which collective kinds may run while the rank computes, the share of their time assumed
-    hidden, and under which part of the compute ("backward" or "step": forward + backward)."""
-    share: dict[str, float] = field(default_factory=dict)
-    window: str = "backward"
-    why: str = ""
+def strategy_options(options: dict):
+    """The strategy's options object: ``options["strategy"]`` where given (``options_of`` puts
+    the recipe's there), else built from ``options``' name and those of its keys that are the
+    strategy's own (stage for zero)."""
+    # start-up: the strategy registry imports torch and every strategy; loaded when a step is timed.
+    from suite.strategies import STRATEGIES
 
-
-DDP_SHARE = 0.5
-OVERLAP = {
-    "single": Overlap(why="no communication"),
-    "ddp": Overlap({"all_reduce": DDP_SHARE}, "backward",
-                   "gradient buckets are all-reduced while backward computes the next ones; the last bucket "
-                   "always waits, and on CPU gloo's threads share the cores with backward: half assumed hidden"),
-    "allreduce": Overlap(why="one all-reduce of every gradient after backward: nothing hidden"),
-    "zero1": Overlap(why="DeepSpeed reduces gradient partitions in backward hooks and all-gathers updated "
-                         "parameters after the step, without overlap_comm on CPU: nothing hidden"),
-    "zero2": Overlap(why="as stage 1: nothing hidden"),
-    "zero3": Overlap({"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
-                     "parameters are prefetched (all-gathered) ahead of the layer that needs them and "
-                     "gradients reduce-scattered behind backward: half assumed hidden under forward + backward"),
-    "fsdp": Overlap({"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
-                    "forward/backward prefetch all-gathers the next unit's parameters while this one computes; "
-                    "reduce-scatters run behind backward: half assumed hidden under forward + backward"),
-    "tensor": Overlap(why="the all-reduces sit inside each layer's forward and backward: nothing hidden"),
-    "pipeline": Overlap(why="activations sent between stages are on the critical path; the bubble "
-                            "(K-1)/(M+K-1) idles each stage"),
-}
-ALIASES = {"fsdp1": "fsdp", "fairscale_fsdp": "fsdp", "oss": "zero1", "layer_split": "pipeline",
-           "ds_pipeline": "pipeline", "fairscale_pipe": "pipeline", "zero0": "allreduce"}
+    if options.get("strategy") is not None:
+        return options["strategy"]
+    name = options.get("name", "single")
+    if name not in STRATEGIES:
+        raise SuiteError(f"strategy {name!r} is not a strategy; choose from {', '.join(STRATEGIES)}")
+    cls = STRATEGIES[name].Options
+    keys = {k: v for k, v in options.items() if k in cls.model_fields and k != "name" and v is not None}
+    return cls(name=name, **keys)
 
 
 def rule(options: dict) -> tuple[str, Overlap]:
-    """The overlap rule of a strategy (``options``: name, and stage for zero)."""
-    name = options.get("name", "single")
-    if name == "zero":
-        name = f"zero{options.get('stage', 2)}"
-    name = ALIASES.get(name, name)
-    return name, OVERLAP.get(name, Overlap(why=f"{name}: no overlap rule; nothing assumed hidden"))
+    """The overlap rule of a strategy (``options``: name, and stage for zero, or the strategy's
+    options as ``strategy``): what its options class declares (``overlap``); SuiteError where it
+    declares none."""
+    # start-up: the strategy registry imports torch and every strategy; loaded when a step is timed.
+    from suite.strategies import costs
+
+    strategy = strategy_options(options)
+    costs.require(strategy, "overlap")
+    return strategy.name, strategy.overlap
 
 
 def model_key(recipe) -> str:
@@ -90,7 +84,7 @@ def model_key(recipe) -> str:
 def options_of(recipe) -> dict:
     """The strategy options the time model needs, from a recipe."""
     layout = recipe.layout()
-    return {"name": recipe.strategy.name, "stage": getattr(recipe.strategy, "stage", None),
+    return {"name": recipe.strategy.name, "stage": getattr(recipe.strategy, "stage", None), "strategy": recipe.strategy,
             "stages": layout.axes.get("pipeline", 1), "chunks": layout.pipeline_chunks,
             "ranks_per_node": recipe.launch.tasks_per_node, "model": model_key(recipe), "device": recipe.launch.device}
 
@@ -180,13 +174,13 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     copy_s = copy_time_s(profile, calibration, ranks_per_node)
     per_kind = comm_time_s(profile, calibration)
     comm_s = sum(per_kind.values())
-    name, overlap = rule(options)
+    _, overlap = rule(options)
     window_s = compute_s * (BACKWARD_SHARE if overlap.window == "backward" else 1.0)
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in per_kind.items()), window_s)
     if _cores_all_busy(options, profile, calibration):
         hidden_s = 0.0
     bubble = 0.0
-    if name == "pipeline":
+    if overlap.bubble:
         k, m = options.get("stages") or profile.world_size, options.get("chunks") or 1
         bubble = (k - 1) / (m + k - 1)
     exposed_s = comm_s - hidden_s

@@ -6,7 +6,11 @@ A strategy is one module here with
   ``pipeline_chunks``; ``suite.strategies.layout``), checks the layout and the model (``check(layout, model)``),
   and predicts the bytes a rank holds (``held_fraction``); as class-level declarations, the
   modules a local pool's ranks may import early (``warm_imports``) and whether a rank may train
-  a sweep's next point in the same process after it (``reusable_process``, off by default);
+  a sweep's next point in the same process after it (``reusable_process``, off by default); and
+  the planner's rules (``suite.strategies.costs``): its collectives per step (``comm_rule``), how
+  they overlap compute (``overlap``), whether its real code runs on fake tensors (``cannot_fake``)
+  and the variants worth trying (``search_space``), each required: the planner refuses a strategy
+  that leaves one undeclared;
 - ``build(options, setup) -> Engine``, calling ``setup.prepare(module)`` before it wraps the model;
   or, for a strategy that brings its own training loop (``Options.owns_training``, TensorFlow's),
   ``train(options, recipe, ctx, train_set, val_set, log)`` returning what the summary needs.

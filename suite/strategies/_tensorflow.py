@@ -34,6 +34,7 @@ from pydantic import PositiveInt
 from suite.common.errors import SuiteError
 from suite.common.ports import free_port
 from suite.record import run_record
+from suite.strategies import costs
 from suite.strategies.base import StrategyOptions, refuse_world_size
 from suite.strategies.engine import Engine
 from suite.strategies.keys import Refused, check as check_keys
@@ -74,6 +75,18 @@ class TFOptions(StrategyOptions):
     refuses: ClassVar = TF_REFUSES
     no_fp64: ClassVar[str] = "TensorFlow's strategies train the Keras model in float32"
     one_process: ClassVar[bool] = True  # tf_multiworker: one worker per rank instead
+    # The planner's rules, shared by the TensorFlow strategies (tf_single has no collectives).
+    overlap: ClassVar = costs.NOTHING_HIDDEN
+    # Tried; a TensorFlow strategy has no Engine to build on fake tensors (it owns its training),
+    # so the plan falls back to the analytic rule, saying so in its notes.
+    cannot_fake: ClassVar = ""
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        return costs.data_parallel_all_reduce(step)  # replicas' or workers' gradients all-reduced
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return []  # nothing to choose
 
     def check(self, layout, model) -> None:
         if importlib.util.find_spec("tensorflow") is None:

@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 import torch
 import torch.distributed as dist
 
+from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
@@ -18,6 +19,16 @@ class Options(StrategyOptions):
     name: Literal["allreduce"] = "allreduce"
     reusable_process: ClassVar = True
     transport: Literal["torch", "mpi"] = "torch"  # what carries the gradients
+    overlap: ClassVar = costs.AFTER_BACKWARD
+    cannot_fake: ClassVar = ""
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # Every gradient all-reduced on its own: a call per parameter tensor.
+        return {"all_reduce": (step.gradient_bytes, step.parameter_tensors)}
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return []  # nothing to choose: the transport is the launcher's (mpi needs an MPI launch)
 
 
 class AllReduceEngine(ModuleEngine):

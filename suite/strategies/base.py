@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import ClassVar, Optional
+from typing import Callable, ClassVar, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis, ModelInfo, Layout
 from suite.strategies import clip
+from suite.strategies.costs import Overlap, StepSizes
 from suite.strategies.engine import Engine, StepResult, StepSums
 
 
@@ -37,6 +38,15 @@ class StrategyOptions(BaseModel):
     # Why the strategy's losses are not meant to equal single's (asynchronous updates), or ""
     # where they are: suite.verify refuses to certify such a strategy with this reason.
     no_parity: ClassVar[str] = ""
+    # The planner's rules (suite.strategies.costs; docs/architecture.md, "A strategy's rules"):
+    # None here, declared by every strategy; the planner refuses a strategy that leaves one None.
+    # comm_rule(self, step: StepSizes) -> Comm (a method); overlap: an Overlap (a class attribute,
+    # or a property where the options decide it); cannot_fake: str ("" where the planner tries a
+    # fake run of its real code); search_space(cls, world_size) -> list[dict] (a classmethod).
+    comm_rule: ClassVar[Optional[Callable]] = None
+    overlap: ClassVar[Optional[Overlap]] = None
+    cannot_fake: ClassVar[Optional[str]] = None
+    search_space: ClassVar[Optional[Callable]] = None
 
     def mesh_axes(self) -> list[Axis]:
         """The mesh axes and their degrees (None: filled from the world size). Plain data
@@ -57,6 +67,29 @@ class StrategyOptions(BaseModel):
     def check_launch(self, launch) -> None:
         """Refuse launch settings this strategy cannot run on (the recipe's ``launch`` section),
         e.g. more than one node for a strategy that shares memory between its ranks."""
+
+    # The planner's optional rules: bytes beside what a rank holds, none unless a strategy says so.
+
+    def copy_bytes(self, comm_bytes: dict[str, int], layout: Layout) -> int:
+        """Bytes a rank copies per step besides compute and collectives, from the step's message
+        sizes by kind (``comm_bytes``: a fake run's or ``comm_rule``'s); asked at world size > 1."""
+        return 0
+
+    def persistent_buffer_bytes(self, step: StepSizes) -> int:
+        """Bytes the strategy keeps through the whole step beside what the rank holds (its
+        gradient buckets), at any world size."""
+        return 0
+
+    def pass_buffer_bytes(self, step: StepSizes) -> int:
+        """Bytes the strategy allocates during forward and backward, at their most, beside what
+        the rank holds and the model's activations (gathered units, reduction copies); asked at
+        world size > 1."""
+        return 0
+
+    def optimizer_temporary_bytes(self, step: StepSizes) -> int:
+        """The optimizer's temporaries during the update: the bare model's, split over the ranks
+        that share one replica, unless the strategy's optimizer steps other tensors (shards)."""
+        return step.optimizer_bytes // step.parts
 
 
 def refuse_world_size(name: str, world: int, rule: str, fix: str):

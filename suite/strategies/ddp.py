@@ -6,7 +6,10 @@ from pydantic import PositiveFloat
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.compat import torch as torch_compat
+from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
+
+DDP_SHARE = 0.5  # of the all-reduce's time, assumed hidden under backward (the planner's overlap rule)
 
 
 class Options(StrategyOptions):
@@ -15,6 +18,24 @@ class Options(StrategyOptions):
     reusable_process: ClassVar = True
     bucket_cap_mb: PositiveFloat = 25.0
     static_graph: bool = False
+    overlap: ClassVar = costs.Overlap(
+        {"all_reduce": DDP_SHARE}, "backward",
+        "gradient buckets are all-reduced while backward computes the next ones; the last bucket "
+        "always waits, and on CPU gloo's threads share the cores with backward: half assumed hidden")
+    cannot_fake: ClassVar = ""
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # One all-reduce per bucket of bucket_cap_mb over the data-parallel ranks.
+        g, bucket = step.gradient_bytes, int(self.bucket_cap_mb * 2**20)
+        return {"all_reduce": (g, max(1, -(-g // bucket)))} if step.layout.dp_size > 1 else {}
+
+    def persistent_buffer_bytes(self, step: costs.StepSizes) -> int:
+        # Its buckets: a copy of every gradient (gradient_as_bucket_view off), where there are peers.
+        return step.gradient_bytes if step.layout.world_size > 1 else 0
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return []  # nothing to choose
 
 
 class DDPEngine(ModuleEngine):

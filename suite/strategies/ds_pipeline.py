@@ -17,7 +17,7 @@ from suite.strategies.engine import StepResult
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis
 from suite.compat import deepspeed as ds_compat
-from suite.strategies import _deepspeed, splitting
+from suite.strategies import _deepspeed, costs, splitting
 from suite.strategies.base import StrategyOptions
 
 
@@ -30,6 +30,9 @@ class Options(StrategyOptions):
     partition: Literal["parameters", "uniform"] = "parameters"  # balance stages by parameters or by blocks
     zero_stage: Literal[0, 1, 2, 3] = 0
     config: dict[str, Any] = {}  # extra DeepSpeed config keys (expert use), e.g. {pipeline: {...}}
+    overlap: ClassVar = costs.PIPELINED
+    cannot_fake: ClassVar = ("DeepSpeed's pipeline engine reads tensor values while it starts (.tolist() of "
+                             "the parameter counts it all-reduces over the stages)")
 
     def mesh_axes(self) -> list[Axis]:
         # DeepSpeed's PipeDataParallelTopology: pipeline stages outer, data parallel inner.
@@ -37,6 +40,17 @@ class Options(StrategyOptions):
 
     def pipeline_chunks(self) -> int:
         return self.micro_batches
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # The stage's gradients over its data-parallel group; the activations sent between
+        # stages are not counted (no fake run saw them).
+        return costs.data_parallel_all_reduce(step)
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        # Stages dividing the world, micro-batches against the bubble, ZeRO-1 over the data ranks.
+        return [{"name": "ds_pipeline", "stages": k, "micro_batches": m, "zero_stage": z}
+                for k in costs.divisors(world_size) for m in (k, 2 * k, 4 * k) for z in (0, 1)]
 
     def check(self, layout, model) -> None:
         if self.zero_stage >= 2:

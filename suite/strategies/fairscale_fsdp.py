@@ -5,14 +5,31 @@ On CPU it cannot run on current torch: it needs CUDA ("Found no NVIDIA driver"; 
 It is untested here on GPUs and superseded by torch's own FSDP (strategy ``fsdp``), which shards
 parameters, gradients and optimizer state the same way and runs on CPU and GPU.
 """
-from typing import Literal
+from typing import ClassVar, Literal
 
 from suite.common.errors import SuiteError
+from suite.strategies import costs
 from suite.strategies.base import StrategyOptions
 
 
 class Options(StrategyOptions):
     name: Literal["fairscale_fsdp"] = "fairscale_fsdp"
+    # FSDP's rules (strategy fsdp1), flat parameters: no copies of their own counted.
+    overlap: ClassVar = costs.PREFETCHED_UNITS
+    cannot_fake: ClassVar = ""  # refused before any plan: check() says why
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        return costs.sharded_units(step, gathers=2)
+
+    def pass_buffer_bytes(self, step: costs.StepSizes) -> int:
+        return costs.gathered_units_bytes(step)
+
+    def optimizer_temporary_bytes(self, step: costs.StepSizes) -> int:
+        return costs.sharded_optimizer_temporaries(step)
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return []  # nothing to choose
 
     def check(self, layout, model) -> None:
         raise SuiteError("strategy.name=fairscale_fsdp is not supported: fairscale's FullyShardedDataParallel "

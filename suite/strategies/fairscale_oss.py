@@ -18,6 +18,7 @@ import torch
 
 from suite.compat import torch as torch_compat
 from suite.record.metrics import optimizer_state_bytes
+from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
 
@@ -29,6 +30,9 @@ class Options(StrategyOptions):
                                  "fairscale OSS's clip_grad_norm computes the norm in float32, refused for float64 gradients",
                                  when=lambda r: r.training.grad_clip_norm is not None),)
     gradients: Literal["ddp", "sharded_ddp"] = "ddp"
+    overlap: ClassVar = costs.Overlap(why="gradients all-reduced, then each updated shard broadcast from its owner "
+                                          "after the step: nothing assumed hidden")
+    cannot_fake: ClassVar = ""
 
     def held_fraction(self, total: dict, layout) -> dict:
         out = dict(total)
@@ -36,6 +40,14 @@ class Options(StrategyOptions):
         if self.gradients == "sharded_ddp":
             out["gradients"] = total["gradients"] // layout.dp_size
         return out
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # Every gradient all-reduced (as DDP), then each updated shard broadcast by its owner.
+        return {"all_reduce": (step.gradient_bytes, 1), "broadcast": (step.parameter_bytes, 1)}
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return [{"name": "oss", "gradients": g} for g in ("ddp", "sharded_ddp")]
 
 
 class OSSEngine(ModuleEngine):

@@ -10,6 +10,7 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import PositiveInt
 
+from suite.strategies import costs
 from suite.strategies.base import StrategyOptions, refuse_world_size
 from suite.strategies.layer_split import SplitEngine
 from suite.strategies.splitting import check_devices_per_task, check_recipe_split, resolve_split
@@ -22,9 +23,18 @@ class Options(StrategyOptions):
     split_at: Optional[list[int]] = None  # block indices where partitions 2.. start; default: balanced
     # Recompute activations in backward: fairscale's default keeps the last micro-batch's.
     checkpoint: Literal["always", "except_last", "never"] = "except_last"
+    overlap: ClassVar = costs.PIPELINED
+    cannot_fake: ClassVar = ""
 
     def pipeline_chunks(self) -> int:
         return self.micro_batches
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        return {}  # one process: its partitions pass activations between devices, not ranks
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return [{"name": "fairscale_pipe", "micro_batches": m} for m in (2, 4, 8)]  # the bubble against the chunk size
 
     def check(self, layout, model) -> None:
         if layout.world_size != 1:

@@ -19,6 +19,7 @@ from typing import ClassVar, Literal
 
 
 from suite.compat import torch as torch_compat
+from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
 
@@ -31,6 +32,8 @@ class Options(StrategyOptions):
                                  when=lambda r: r.training.grad_clip_norm is not None),)
     reusable_process: ClassVar = True
     sharding: Literal["full", "grad_op"] = "full"
+    overlap: ClassVar = costs.PREFETCHED_UNITS
+    cannot_fake: ClassVar = ""
 
     def held_fraction(self, total: dict, layout) -> dict:
         held = {key: value // layout.dp_size for key, value in total.items()}
@@ -38,6 +41,21 @@ class Options(StrategyOptions):
             # Full parameters stay gathered from each block's forward to its backward.
             held["parameters"] = total["parameters"]
         return held
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # Two gathers per unit whatever the sharding, as the planner has always counted it
+        # (grad_op's single gather is what a fake run sees); flat parameters: no copies counted.
+        return costs.sharded_units(step, gathers=2)
+
+    def pass_buffer_bytes(self, step: costs.StepSizes) -> int:
+        return costs.gathered_units_bytes(step)
+
+    def optimizer_temporary_bytes(self, step: costs.StepSizes) -> int:
+        return costs.sharded_optimizer_temporaries(step)
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return [{"name": "fsdp1", "sharding": s} for s in ("full", "grad_op")]
 
 
 class FSDP1Engine(ModuleEngine):

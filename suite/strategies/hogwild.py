@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from suite.common.errors import SuiteError
+from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 _ALIGN_BYTES = 64  # each tensor starts on a cache line: no two tensors share one
@@ -29,6 +30,17 @@ class Options(StrategyOptions):
     name: Literal["hogwild"] = "hogwild"
     reusable_process: ClassVar = True  # the shared segment belongs to the engine's tensors alone
     no_parity: ClassVar = "hogwild's ranks update shared weights without locks, asynchronously"
+    overlap: ClassVar = costs.NO_COMMUNICATION
+    # Tried; on fake tensors its shared segment fails today, and the plan falls back to the
+    # analytic rule with that error in its notes.
+    cannot_fake: ClassVar = ""
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        return {}  # the ranks share one copy of the parameters in memory: no collectives
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return []  # nothing to choose
 
     def check_launch(self, launch) -> None:
         if launch.nodes != 1:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from suite.compat import torch as torch_compat
+from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.splitting import check_devices_per_task, check_recipe_split, cut, resolve_split
 
@@ -25,10 +26,19 @@ class Options(StrategyOptions):
     reusable_process: ClassVar = True
     # Block indices where parts 2.. start (one per extra device); default: balanced by parameters.
     split_at: Optional[list[int]] = None
+    overlap: ClassVar = costs.PIPELINED  # its parts run one after another (no pipeline axis: no bubble counted)
+    cannot_fake: ClassVar = ""
 
     def check(self, layout, model) -> None:
         parts = check_devices_per_task(layout, "layer_split", "places the model, in one rank, on")
         check_recipe_split(model, self.split_at, parts, "layer_split")
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        return costs.data_parallel_all_reduce(step)  # DDP over the ranks, where there are several
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return []  # nothing to choose
 
 
 class LayerSplit(nn.Sequential):

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from suite.common.errors import SuiteError
+from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 _SERVER_RANK = 0
@@ -39,6 +40,10 @@ class Options(StrategyOptions):
     staleness: int = 1  # a worker pulls at least every N of its steps; the server's bound is N x world
     warm_imports: ClassVar = ("torch.distributed.rpc",)
     no_parity: ClassVar = "param_server's workers push gradients computed on stale weights, asynchronously"
+    overlap: ClassVar = costs.NOTHING_HIDDEN
+    # Tried; outside a launched job its RPC start fails (no MASTER_ADDR), and the plan falls back
+    # to the analytic rule with that error in its notes.
+    cannot_fake: ClassVar = ""
 
     def check(self, layout, model) -> None:
         if self.staleness < 1:
@@ -50,6 +55,15 @@ class Options(StrategyOptions):
         # replica with gradients. Other ranks hold the replica and gradients only.
         return {"parameters": 2 * total["parameters"], "gradients": total["gradients"],
                 "optimizer_state": total["optimizer_state"]}
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # Its RPC pushes and pulls are not modelled: counted as the data-parallel all-reduce of
+        # the gradients (a push of G to the server and a pull of P back move as much).
+        return costs.data_parallel_all_reduce(step)
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return []  # staleness trades the updates' freshness for speed: the user's choice, not a cost's
 
 
 class Server:

@@ -27,7 +27,7 @@ from suite.record import metrics
 from suite.strategies.engine import StepResult
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis
-from suite.strategies import clip
+from suite.strategies import clip, costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.splitting import check_recipe_split, cut, resolve_split
 
@@ -42,6 +42,9 @@ class Options(StrategyOptions):
     micro_batches: PositiveInt = 4  # per optimizer step and data-parallel rank
     split_at: Optional[list[int]] = None  # block indices where stages 2.. start; default: balanced
     dp_mode: Literal["fully_shard", "replicate"] = "fully_shard"  # how a stage is data-parallel
+    overlap: ClassVar = costs.PIPELINED
+    cannot_fake: ClassVar = ("torch.distributed.pipelining infers stage shapes by messages between ranks, which "
+                             "the fake process group does not carry (it would need static stage metadata)")
 
     def mesh_axes(self) -> list[Axis]:
         # dp outer, stages inner: a pipeline's ranks are neighbours.
@@ -50,6 +53,18 @@ class Options(StrategyOptions):
 
     def pipeline_chunks(self) -> int:
         return self.micro_batches
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # The stage's gradients over its data-parallel group; the activations sent between
+        # stages are not counted (no fake run saw them).
+        return costs.data_parallel_all_reduce(step)
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        # Stages dividing the world (data parallel over the rest), and micro-batches: more shrink
+        # the bubble (K-1)/(M+K-1) and each chunk.
+        return [{"name": "pipeline", "stages": k, "dp": world_size // k, "micro_batches": m}
+                for k in costs.divisors(world_size) for m in (k, 2 * k, 4 * k)]
 
     def check(self, layout, model) -> None:
         stages, dp = layout.degree("pipeline"), layout.dp_size

@@ -22,7 +22,7 @@ from pydantic import PositiveInt
 from suite.common.errors import SuiteError
 from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
-from suite.strategies import fsdp
+from suite.strategies import costs, fsdp
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
@@ -74,6 +74,8 @@ class Options(StrategyOptions):
     reusable_process: ClassVar = True
     dp: PositiveInt = 1  # data-parallel degree (FSDP2 over the dp mesh dimension)
     tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp
+    overlap: ClassVar = costs.Overlap(why="the all-reduces sit inside each layer's forward and backward: nothing hidden")
+    cannot_fake: ClassVar = ""
 
     def mesh_axes(self) -> list[Axis]:
         # Ranks of one tensor-parallel group read the same samples.
@@ -89,6 +91,16 @@ class Options(StrategyOptions):
     def held_fraction(self, total: dict, layout) -> dict:
         # A lower bound: the layers left out of the layout are held in full by every tp rank.
         return {key: value // layout.world_size for key, value in total.items()}
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # The all-reduces inside each layer depend on the layers: not counted here (the fake run
+        # of python -m suite.plan counts them).
+        return {}
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        # Tensor-parallel degrees dividing the world, data parallel (FSDP2) over the rest.
+        return [{"name": "tensor", "dp": world_size // tp, "tp": tp} for tp in costs.divisors(world_size)]
 
 
 def build(opts: Options, setup) -> ModuleEngine:

@@ -15,8 +15,20 @@ import torch
 
 from suite.strategies.engine import StepResult, StepSums
 from suite.common.errors import SuiteError
-from suite.strategies import _deepspeed
+from suite.strategies import _deepspeed, costs
 from suite.strategies.base import StrategyOptions
+
+
+# The planner's overlap rule by stage (stage 0 is plain data parallelism through DeepSpeed).
+OVERLAP = {
+    0: costs.AFTER_BACKWARD,
+    1: costs.Overlap(why="DeepSpeed reduces gradient partitions in backward hooks and all-gathers updated "
+                         "parameters after the step, without overlap_comm on CPU: nothing hidden"),
+    2: costs.Overlap(why="as stage 1: nothing hidden"),
+    3: costs.Overlap({"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
+                     "parameters are prefetched (all-gathered) ahead of the layer that needs them and "
+                     "gradients reduce-scattered behind backward: half assumed hidden under forward + backward"),
+}
 
 
 class Options(StrategyOptions):
@@ -28,6 +40,8 @@ class Options(StrategyOptions):
     offload_optimizer: bool = False  # optimizer state and step on the CPU (stages 1-3)
     offload_parameters: bool = False  # parameters on the CPU between uses (stage 3 only)
     config: dict[str, Any] = {}  # extra DeepSpeed config keys, e.g. {zero_optimization: {reduce_bucket_size: 1e6}}
+    cannot_fake: ClassVar = ("DeepSpeed reads tensor values during its step (aten._local_scalar_dense: .item() on a "
+                             "fake tensor has no value)")
 
     def check(self, layout, model) -> None:
         if self.offload_parameters and self.stage != 3:
@@ -37,7 +51,7 @@ class Options(StrategyOptions):
             raise SuiteError("strategy.offload_optimizer=true needs strategy.stage 1, 2 or 3 (ZeRO-Offload "
                              "offloads the partitioned optimizer state); raise the stage or drop the offload")
         if self.config:
-            _deepspeed.check_config(_config(self, layout), self.config)
+            _deepspeed.check_config(self.deepspeed_config(layout), self.config)
 
     def held_fraction(self, total: dict, layout) -> dict:
         """What DeepSpeed holds per rank: stage 1 splits optimizer state and gradients, 3 also
@@ -55,12 +69,75 @@ class Options(StrategyOptions):
             out["parameters"] = total["parameters"] / n
         return out
 
+    def deepspeed_config(self, layout, grad_clip_norm: float = None) -> dict:
+        """The DeepSpeed config of a run at this layout (what ``deepspeed_config.json`` records)."""
+        return _deepspeed.make_config(
+            micro_batch=layout.accumulation_batch, accumulation=layout.accumulation_steps, dp=layout.dp_size,
+            precision=layout.precision, stage=self.stage, offload_optimizer=self.offload_optimizer,
+            offload_parameters=self.offload_parameters, grad_clip_norm=grad_clip_norm, extra=self.config)
 
-def _config(opts: Options, layout, grad_clip_norm: float = None) -> dict:
-    return _deepspeed.make_config(
-        micro_batch=layout.accumulation_batch, accumulation=layout.accumulation_steps, dp=layout.dp_size,
-        precision=layout.precision, stage=opts.stage, offload_optimizer=opts.offload_optimizer,
-        offload_parameters=opts.offload_parameters, grad_clip_norm=grad_clip_norm, extra=opts.config)
+    def zero_config(self, layout):
+        """DeepSpeed's own reading of the run's zero_optimization section, its defaults filled in."""
+        # optional: DeepSpeed loads only where its defaults are asked for (the planner's buffer rules).
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        return DeepSpeedZeroConfig(**self.deepspeed_config(layout)["zero_optimization"])
+
+    # ---- the planner's rules (suite.strategies.costs) ----
+
+    @property
+    def overlap(self) -> costs.Overlap:
+        return OVERLAP[self.stage]
+
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        g, p = step.gradient_bytes, step.parameter_bytes
+        if self.stage == 0:
+            return {"all_reduce": (g, 1)}
+        if self.stage in (1, 2):
+            # Gradients reduced into their owners' partitions, the updated partitions gathered back.
+            return {"reduce_scatter": (g, 1), "all_gather": (p, 1)}
+        return costs.sharded_units(step, gathers=2)  # stage 3: as FSDP, gathered before forward and backward
+
+    def persistent_buffer_bytes(self, step: costs.StepSizes) -> int:
+        """The gradient bucket of ``reduce_bucket_size`` elements (5e8 by default: 1.9 GiB in fp32,
+        whatever the model's size), allocated whole with ``contiguous_gradients`` (on by
+        default), twice at stages 1-2 with ``overlap_comm``. On a CPU only the pages the
+        gradients fill become resident; on a GPU all of it is device memory."""
+        if self.stage == 0:
+            return 0
+        zero = self.zero_config(step.layout)
+        if not zero.contiguous_gradients:
+            return 0
+        element = 4 if self.stage == 1 or step.layout.precision == "fp32" else 2  # stage 1 reduces in fp32
+        buffers = 2 if zero.overlap_comm and self.stage < 3 else 1
+        return int(zero.reduce_bucket_size) * element * buffers
+
+    def pass_buffer_bytes(self, step: costs.StepSizes) -> int:
+        """Stages 1-3 reduce the gradients as one flat copy of the bucket (at most
+        ``reduce_bucket_size``; a gradient larger than the bucket goes alone, uncopied), and gloo
+        allocates a scratch of the message's size for the collective (on a CPU; NCCL works in
+        buffers of its own): two copies of the message. ZeRO-3 reduces while units are still
+        gathered."""
+        if self.stage == 0:
+            return 0
+        bucket = int(self.zero_config(step.layout).reduce_bucket_size) * 4
+        message = max(min(step.gradient_bytes, bucket), step.largest_tensor_bytes)
+        reduction = message * (1 if step.cuda else 2)
+        return reduction + (costs.gathered_units_bytes(step) if self.stage == 3 else 0)
+
+    def optimizer_temporary_bytes(self, step: costs.StepSizes) -> int:
+        """Stages 1-3 step one flat partition: as many temporaries per byte as the bare model's
+        largest tensor took, for a tensor of 1/dp of the model."""
+        if self.stage >= 1 and step.largest_tensor_bytes:
+            per_byte = step.optimizer_bytes / step.largest_tensor_bytes
+            return int(per_byte * step.model_parameter_bytes / step.parts / step.layout.dp_size)
+        return super().optimizer_temporary_bytes(step)
+
+    @classmethod
+    def search_space(cls, world_size: int) -> list[dict]:
+        return [{"name": "zero", "stage": s} for s in (0, 1, 2, 3)]
+
+
 
 
 class ZeroEngine(_deepspeed.DeepSpeedEngine):
@@ -96,7 +173,7 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
 def build(opts: Options, setup) -> ZeroEngine:
     ctx = setup.ctx
     deepspeed = _deepspeed.start(ctx, setup.precision, "zero")
-    config = _config(opts, setup.layout, setup.grad_clip_norm)
+    config = opts.deepspeed_config(setup.layout, setup.grad_clip_norm)
     _deepspeed.record_config(setup, config)
     model = setup.prepare(setup.build_model().to(ctx.device))
     optimizer = setup.make_optimizer(model.parameters())

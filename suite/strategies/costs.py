@@ -1,0 +1,121 @@
+"""What a strategy tells the planner (``suite.planner``) about its costs: its rules, declared on its
+own ``Options`` class, so that a new strategy is one file and the planner keeps no table keyed by
+strategy names. The rules speak the planner's vocabulary (collective kinds ``all_reduce``,
+``all_gather``, ``reduce_scatter``, ``broadcast``; bytes and calls per rank per optimizer step, as
+``suite.planner.profile`` counts them), and the small types they share live here: the strategies
+never import the planner. docs/architecture.md, "A strategy's rules".
+
+Every strategy declares (``StrategyOptions`` leaves each None, and the planner refuses a strategy
+that leaves one so, naming it: ``require``):
+
+- ``comm_rule(step: StepSizes) -> Comm``: its collectives per step by the analytic rule, from the
+  rank's gradient and parameter bytes, the model's units and tensors and the layout (``{}``: it
+  communicates nothing, or nothing the rule can count). Never asked at world size 1.
+- ``overlap: Overlap`` (a class attribute, or a property): how much of it hides under compute.
+- ``cannot_fake: str``: why the planner must not try its real code on fake tensors and takes the
+  analytic rule instead, or "" where it tries (a try that fails falls back too, saying why).
+- ``search_space(world_size) -> list[dict]``: the strategy sections (``name`` and keys) an advisor
+  should try at that world size; ``[]`` where there is nothing to choose.
+
+and, where it has any (none by default: ``StrategyOptions``), the bytes it copies or allocates
+beside what a rank holds: ``copy_bytes``, ``persistent_buffer_bytes``, ``pass_buffer_bytes``, and
+``optimizer_temporary_bytes`` where its optimizer steps other tensors than the bare model's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from suite.common.errors import SuiteError
+from suite.strategies.layout import Layout
+
+Comm = dict[str, tuple[int, int]]  # collective kind -> (bytes, calls), per rank per optimizer step
+
+# Rule -> what it is, for the planner's refusal; docs/architecture.md, "A strategy's rules".
+RULES = {"comm_rule": "communication rule", "overlap": "overlap rule",
+         "cannot_fake": "fake-run capability", "search_space": "search space"}
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which collective kinds may run while the rank computes, the share of their time assumed
+    hidden, and under which part of the compute ("backward" or "step": forward + backward);
+    ``bubble``: the strategy pipelines stages, which idle (K-1)/(M+K-1) of the step."""
+    share: dict[str, float] = field(default_factory=dict)
+    window: str = "backward"
+    why: str = ""
+    bubble: bool = False
+
+
+NO_COMMUNICATION = Overlap(why="no communication")
+AFTER_BACKWARD = Overlap(why="one all-reduce of every gradient after backward: nothing hidden")
+NOTHING_HIDDEN = Overlap(why="nothing assumed hidden: no overlap of its communication is modelled")
+PREFETCHED_UNITS = Overlap(
+    {"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
+    "forward/backward prefetch all-gathers the next unit's parameters while this one computes; "
+    "reduce-scatters run behind backward: half assumed hidden under forward + backward")
+PIPELINED = Overlap(why="activations sent between stages are on the critical path; the bubble "
+                        "(K-1)/(M+K-1) idles each stage", bubble=True)
+
+
+@dataclass(frozen=True)
+class StepSizes:
+    """One rank's step as the planner sizes it (``suite.planner.analytic``), for a strategy's rules.
+    Bytes in the model's dtype as built (fp32), before any sharding."""
+    layout: Layout
+    gradient_bytes: int  # G: this rank's model gradients (its stage's, under a pipeline)
+    parameter_bytes: int  # P: this rank's model parameters, likewise
+    parameter_tensors: int  # the model's parameter tensors
+    units: tuple[int, ...] = ()  # parameter bytes of each unit a sharding strategy gathers at a time
+    largest_tensor_bytes: int = 0  # the model's largest parameter
+    model_parameter_bytes: int = 0  # the whole model's parameters
+    optimizer_bytes: int = 0  # the bare model's optimizer temporaries (all of them, not split)
+    parts: int = 1  # ranks sharing one replica (pipeline stages x tensor ranks)
+    cuda: bool = False  # the rank computes on a GPU
+
+
+def data_parallel_all_reduce(step: StepSizes) -> Comm:
+    """The data-parallel rule: one all-reduce of the rank's gradients over its data-parallel
+    group, when it has peers."""
+    return {"all_reduce": (step.gradient_bytes, 1)} if step.layout.dp_size > 1 else {}
+
+
+def sharded_units(step: StepSizes, gathers: int) -> Comm:
+    """ZeRO-3 and FSDP: each unit's parameters all-gathered ``gathers`` times (before its forward,
+    and again before its backward where they were freed after forward), its gradients
+    reduce-scattered once; a call per unit and pass."""
+    n = len(step.units) or 1
+    return {"all_gather": (gathers * step.parameter_bytes, gathers * n), "reduce_scatter": (step.gradient_bytes, n)}
+
+
+def gathered_units_bytes(step: StepSizes) -> int:
+    """What a sharding strategy holds gathered during the passes at its most: the largest unit's
+    parameters and full gradients, and the next unit's parameters (prefetched)."""
+    largest, following = (sorted(step.units, reverse=True) + [0, 0])[:2]
+    return 2 * largest + following
+
+
+def divisors(n: int, at_least: int = 2) -> list[int]:
+    """The divisors of ``n`` from ``at_least`` up: the degrees a search space may give an axis."""
+    return [d for d in range(at_least, n + 1) if n % d == 0]
+
+
+def sharded_optimizer_temporaries(step: StepSizes) -> int:
+    """The optimizer's temporaries where it steps a 1/dp shard of each parameter (FSDP)."""
+    return step.optimizer_bytes // step.parts // step.layout.dp_size
+
+
+def undeclared(options_class) -> list[str]:
+    """The rules (``RULES``) a strategy's options class leaves undeclared."""
+    return [rule for rule in RULES if getattr(options_class, rule, None) is None]
+
+
+def require(options, *rules: str) -> None:
+    """SuiteError, in one line, where the strategy (its options or their class) leaves one of
+    ``rules`` (default: all) undeclared."""
+    cls = options if isinstance(options, type) else type(options)
+    missing = [r for r in undeclared(cls) if r in (rules or RULES)]
+    if missing:
+        name = cls.model_fields["name"].default if "name" in getattr(cls, "model_fields", {}) else cls.__name__
+        what = ", ".join(f"{RULES[r]} ({r})" for r in missing)
+        raise SuiteError(f"strategy {name!r} declares no {what} on its options class; every strategy declares "
+                         f"its rules: see docs/architecture.md, \"A strategy's rules\"")
