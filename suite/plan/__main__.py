@@ -66,3 +66,7 @@ def main(argv=None) -> int:
         return 2
     print(text)
     return 0 if any(p.profile for p in points) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -109,3 +109,13 @@ def test_the_reason_check_catches_a_silent_import():
     assert function_level_imports_without_a_reason("def f():\n    import json\n") == [2]
     assert function_level_imports_without_a_reason("def f():\n    import torch  # start-up: torch\n") == []
     assert function_level_imports_without_a_reason("def f():\n    # optional: mpi4py\n    import mpi4py\n") == []
+
+
+def test_every_command_answers_help_from_its_package():
+    """``python -m suite.X --help`` prints the command's usage: the package's ``__main__`` runs
+    its command line (a module that only defines ``main`` would exit 0 and print nothing)."""
+    for command in COMMANDS:
+        proc = subprocess.run([sys.executable, "-m", f"suite.{command}", "--help"], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+        assert f"suite.{command}" in proc.stdout and "usage" in proc.stdout.lower(), (command, proc.stdout[:500])
