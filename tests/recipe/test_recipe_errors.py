@@ -87,7 +87,8 @@ def test_a_dotted_sweep_on_the_command_line_expands(capsys):
 
 
 def test_a_dotted_or_nested_sweep_gives_one_recipe_per_point(tmp_path):
-    from suite import recipe as recipes, recipe_text
+    from suite import recipe as recipes
+    from suite.recipe import text as recipe_text
 
     path = tmp_path / "r.yaml"
     path.write_text(open(QUICKSTART).read() + "sweep: {training: {seed: [0, 1]}, model.hidden: [[8], [8, 8]]}\n")
