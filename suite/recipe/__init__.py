@@ -87,6 +87,12 @@ class Launch(Strict):
     signal_delay_s: PositiveInt = 90  # SIGUSR2 this long before the time limit: checkpoint, requeue
     collective_timeout_s: PositiveInt = 300  # a rank stuck this long in a collective fails the run
     mpi: bool = False  # slurm: the tasks are MPI ranks (srun --mpi=pmix); executor mpi: always
+    # Automatic restarts: a run that fails because a rank died (killed, crashed, node lost) is
+    # submitted again by the follower, from its last complete checkpoint, up to this many times
+    # (on Slurm without the failed node where the run still fits). Never for bad input or a cancel.
+    # 0 by default: a restart repeats whatever failed, which for a bug only costs time; and a run
+    # that fails should say so at once unless its owner asked for retries (docs/running.md).
+    max_restarts: NonNegativeInt = 0
 
     @property
     def mpi_ranks(self) -> bool:

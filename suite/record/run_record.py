@@ -231,8 +231,10 @@ def record_rank_process(run_dir: Path, rank: int) -> None:
 
     folder = Path(run_dir) / "ranks"
     folder.mkdir(exist_ok=True)
-    write_json_atomic(folder / f"rank{rank}.json", {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
-                                                    "started_at": time.time()})
+    record = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+    if os.environ.get("SLURMD_NODENAME"):  # Slurm's name of the node (what --exclude takes; the host may differ)
+        record["node"] = os.environ["SLURMD_NODENAME"]
+    write_json_atomic(folder / f"rank{rank}.json", record)
 
 
 def rank_processes(run_dir: Path) -> list[dict]:
@@ -264,6 +266,54 @@ class MetricsLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+# ---- attempts -----------------------------------------------------------------------------
+# ``summary.json``'s ``attempts``: one entry per time the run's ranks started (the first launch,
+# a requeue after preemption, ``--resume``, an automatic restart), in order, each with
+# ``attempt`` (1, 2, ...), ``started_at``, ``from_step`` (the checkpoint it resumed from) and
+# ``slurm_restart_count``. An automatic restart (``launch.max_restarts``, suite/submit/restart.py)
+# adds ``restart`` (1, 2, ...), ``cause`` (why the attempt before it ended, e.g. "rank 1 killed by
+# SIGKILL after step 37"), ``job_id`` and, on Slurm, ``excluded_nodes``. The follower announces
+# such an attempt before its ranks start (``pending``); the ranks complete it when they do.
+
+def recorded_attempts(run_dir) -> list[dict]:
+    """The attempts ``summary.json`` lists ([] when there is none, or it cannot be read)."""
+    try:
+        attempts = read_json(summary_path(run_dir)).get("attempts")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [dict(a) for a in attempts] if isinstance(attempts, list) else []
+
+
+def start_attempt(recorded: list[dict], restored: list[dict], from_step: int, **fields) -> list[dict]:
+    """The attempts once a new one starts (the ranks' side): those the run record lists, or the
+    checkpoint's (``restored``) where they are more (a record from before attempts were written
+    at the start); the last one completed if the follower announced it (an automatic restart),
+    else a new one appended. A run record is the one place that keeps an attempt that died
+    before it saved a checkpoint."""
+    attempts = [dict(a) for a in (recorded if len(recorded) >= len(restored) else restored)]
+    entry = {"started_at": time.time(), "from_step": from_step, **fields}
+    if attempts and attempts[-1].pop("pending", False):
+        attempts[-1].update(entry)
+    else:
+        attempts.append({"attempt": len(attempts) + 1, **entry})
+    return attempts
+
+
+def announce_restart(run_dir, restart: int, cause: str, from_step: int, **fields) -> dict:
+    """The follower's side of an automatic restart: the attempt it is about to submit, with its
+    cause, appended to ``summary.json`` (marked ``pending`` until its ranks start), the run
+    marked running again. Returns the entry."""
+    attempts = recorded_attempts(run_dir)
+    if not attempts:  # the failed attempt died before its ranks recorded it
+        attempts.append({"attempt": 1, "from_step": 0, "started_at": None})
+    elif attempts[-1].get("pending"):  # the previous restart never got as far as its ranks starting
+        attempts[-1].pop("pending")
+    entry = {"attempt": len(attempts) + 1, "restart": restart, "cause": cause, "from_step": from_step,
+             "submitted_at": time.time(), "pending": True, **fields}
+    update_summary(run_dir, status="running", attempts=attempts + [entry], error=None, failed_rank=None)
+    return entry
 
 
 def checkpoint_folder(run_dir) -> Path:

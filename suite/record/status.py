@@ -15,14 +15,18 @@ _SLURM_ALIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "
 
 
 def state(run_dir) -> dict:
-    """{"state", "detail", "step", "job_id"} of one run folder."""
+    """{"state", "detail", "step", "job_id", "attempts", "restarts"} of one run folder (attempts:
+    how many times its ranks started, or were submitted again; restarts: how many of those were
+    automatic restarts, ``launch.max_restarts``)."""
     run_dir = Path(run_dir)
     summary = run_record.read_json(run_record.summary_path(run_dir)) if run_record.summary_path(run_dir).exists() else {}
     status = summary.get("status")
     job = run_record.read_job(run_dir)
     job_id, executor = job.get("job_id"), job.get("executor")
     step = _last_step(run_dir)
-    out = {"state": status or "lost", "detail": summary.get("error") or "", "step": step, "job_id": job_id}
+    attempts = summary.get("attempts") if isinstance(summary.get("attempts"), list) else []
+    out = {"state": status or "lost", "detail": summary.get("error") or "", "step": step, "job_id": job_id,
+           "attempts": len(attempts), "restarts": sum(1 for a in attempts if isinstance(a, dict) and a.get("restart"))}
     if status in ("completed", "failed", "cancelled"):
         return out
     slurm = squeue(job_id, "%T") if executor == "slurm" and job_id else None

@@ -1,5 +1,6 @@
 """``python -m suite.status [RUNS ...]``: the state of each run under the given folders (default
-``runs/``): running (with its progress), completed, failed, cancelled, preempted or lost."""
+``runs/``): running (with its progress), completed, failed, cancelled, preempted or lost, and the
+attempt of a run started more than once (resumed, requeued, restarted: ``launch.max_restarts``)."""
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,16 @@ def main(argv=None) -> int:
         s = state(d)
         step = f"step {s['step']}" if s["step"] is not None else "no steps yet"
         detail = f"  {s['detail']}" if s["detail"] else ""
-        print(f"{d.name}  {s['state']}  {step}{detail}")
+        print(f"{d.name}  {s['state']}  {step}{_attempts(s)}{detail}")
     return 0
+
+
+def _attempts(s: dict) -> str:
+    """"  attempt 3 (2 automatic restarts)" once a run has started more than once."""
+    if s["attempts"] < 2:
+        return ""
+    restarts = f" ({s['restarts']} automatic restart{'s' if s['restarts'] != 1 else ''})" if s["restarts"] else ""
+    return f"  attempt {s['attempts']}{restarts}"
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from suite.common.errors import RunFailed, SuiteError
 from suite.record import run_record
+from suite.submit.restart import Restarts
 
 
 def parse_args(argv):
@@ -143,16 +144,24 @@ def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
     points = [r for r, _ in runs]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     failures = 0
+    restarts = {Path(run_dir): Restarts(r, run_dir) for r, run_dir in runs}  # launch.max_restarts, per run
 
-    def done(w):
+    def done(w, resubmit):
+        """A run has ended: its summary, or its error; or, when a rank died and the run has
+        restarts left, the Watch of the run submitted again (``resubmit(restart)``)."""
         nonlocal failures
         try:
             summary = w.outcome()
         except RunFailed as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            budget = restarts[Path(w.run_dir)]
+            restart = budget.next(w, e)
+            if restart is not None:
+                return resubmit(restart)
+            print(f"error: {budget.gave_up(e)}", file=sys.stderr, flush=True)
             failures += 1
-            return
+            return None
         print(run_record.summary_text(summary, w.run_dir), flush=True)
+        return None
 
     if points[0].launch.executor == "local" and wait:
         _run_pooled(runs, pool, done)
@@ -165,8 +174,17 @@ def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
         run_record.record_job(run_dir, job.job_id, r.launch.executor)
         print(f"{run_record.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
         watches.append(follow.Watch(job, run_dir, r.training.epochs))
+
+    def resubmit_job(w):
+        def resubmit(restart):  # the run alone, as --resume submits it (a sweep's point leaves its array)
+            (job,) = launch.submit([(restart.recipe, w.run_dir)], watched=True)
+            run_record.record_job(w.run_dir, job.job_id, restart.recipe.launch.executor)
+            print(f"  job {job.job_id}, run record: {w.run_dir}", flush=True)
+            return follow.Watch(job, w.run_dir, restart.recipe.training.epochs)
+        return resubmit
+
     if wait:
-        follow.wait(watches, on_done=done)
+        follow.wait(watches, on_done=lambda w: done(w, resubmit_job(w)))
     else:
         print("submitted; not waiting (--no-wait). Follow with: squeue / the run folders above")
     return 1 if failures else 0
@@ -174,27 +192,40 @@ def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
 
 def _run_pooled(runs, pool, done) -> None:
     """Local runs, one after another (they would compete for the machine's cores), in warm ranks
-    (``suite.submit.pool``): a pool serves points while it can, a new one takes over when not."""
+    (``suite.submit.pool``): a pool serves points while it can, a new one takes over when not.
+    A run restarted after a rank died (``launch.max_restarts``) gets a new pool, as ``--resume``."""
     from suite.submit import follow
     from suite.submit.pool import Pool
 
+    held = [pool]  # the pool serving now
+
+    def follow_in_pool(n, r, run_dir):
+        pool = held[0]
+        if pool is None or not pool.takes(r):
+            if pool:
+                pool.close()
+            rest = [p for p, _ in runs[n:]]
+            pool = held[0] = Pool.start(run_dir, [p.launch for p in rest], [p.strategy.name for p in rest])
+        index = pool.hand_over(r, run_dir)
+        run_record.record_job(run_dir, pool.job.job_id, r.launch.executor)
+        print(f"{run_record.job_line(r)}\n  job {pool.job.job_id}, run record: {run_dir}", flush=True)
+        return follow.PoolWatch(pool, index, run_dir, r.training.epochs)
+
+    def resubmit_in_new_pool(n, run_dir):
+        def resubmit(restart):
+            held[0].open = False  # its ranks have ended (or were killed)
+            return follow_in_pool(n, restart.recipe, run_dir)
+        return resubmit
+
     try:
         for n, (r, run_dir) in enumerate(runs):
-            if pool is None or not pool.takes(r):
-                if pool:
-                    pool.close()
-                rest = [p for p, _ in runs[n:]]
-                pool = Pool.start(run_dir, [p.launch for p in rest], [p.strategy.name for p in rest])
-            index = pool.hand_over(r, run_dir)
-            run_record.record_job(run_dir, pool.job.job_id, r.launch.executor)
-            print(f"{run_record.job_line(r)}\n  job {pool.job.job_id}, run record: {run_dir}", flush=True)
-            watch = follow.PoolWatch(pool, index, run_dir, r.training.epochs)
-            follow.wait([watch], poll_s=0.05, on_done=done)
+            watch = follow_in_pool(n, r, run_dir)
+            follow.wait([watch], poll_s=0.05, on_done=lambda w: done(w, resubmit_in_new_pool(n, run_dir)))
             if _summary_status(run_dir) != "completed":
-                pool.open = False  # its ranks have ended (or were killed): the next point gets new ones
+                held[0].open = False  # its ranks have ended (or were killed): the next point gets new ones
     finally:
-        if pool:
-            pool.close()
+        if held[0]:
+            held[0].close()
 
 
 def _summary_status(run_dir: Path):

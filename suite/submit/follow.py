@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -22,6 +23,22 @@ from suite.record.status import squeue
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
           "DEADLINE", "FINISHED", "INTERRUPTED", "ENDED")  # ENDED: a local job (see _update_state)
+
+
+# Slurm states of a job that ended because something under it broke (a task, a node, its memory),
+# not because it was cancelled or ran out of time: an automatic restart may get through.
+_BROKEN = ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
+# How a run's ranks can end on their own (summary.json's status), without a failure.
+_STOPPED = ("completed", "cancelled", "preempted")
+
+
+@dataclass
+class Failure:
+    """Why a followed run failed, as automatic restarts (suite/submit/restart.py) judge it."""
+    cause: str  # one line, e.g. "rank 1 killed by SIGKILL after step 37"
+    restartable: bool  # a rank died or crashed, a node was lost; not bad input, not a cancel
+    rank: int | None = None
+    node: str | None = None  # Slurm's name of the node the failing rank ran on, where known
 
 
 # Reasons Slurm gives for a pending job that will never start as submitted.
@@ -43,6 +60,7 @@ class Watch:
         self.cancelled_by_us = False
         self.never_starts: str | None = None  # Slurm's reason, for a job that cannot start
         self._since = time.time()  # rank process records older than this are an earlier attempt's
+        self.failure: Failure | None = None  # set by outcome() when the run did not complete
         self.local = isinstance(job, submitit.LocalJob) or getattr(job, "local", False)  # or mpirun's (submit/mpi.py)
 
     def poll(self) -> bool:
@@ -179,33 +197,53 @@ class Watch:
                   f"partition, account or QoS allows: check launch.nodes, tasks_per_node, cpus_per_task, " \
                   f"mem_gb, gpus_per_node, timeout_min and partition against sinfo); the job was cancelled"
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
+            self.failure = Failure(why, restartable=False)
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}")
         error = run_record.first_error(self.run_dir) or _submitit_error(self.job)
         dead = self._dead_ranks() if self.cancelled_by_us else []
         silent = _silent_ranks(self.job, self.run_dir) if (error or dead) and not self.cancelled_by_us else dead
+        srun_end = None if self.local else _srun_first_end(self.job)
         if silent and error and not self.local and _srun_first_bad_exit(self.job) == error[0]:
             silent = []  # srun ended them (--kill-on-bad-exit) after the erring rank exited: not a cause
+        if not silent and not error and not self.cancelled_by_us:
+            if self.local and self.job.state != "RUNNING" and _summary(self.run_dir).get("status") not in _STOPPED:
+                silent = _silent_ranks(self.job, self.run_dir)  # all killed, none said a word (rank 0 first)
+            elif srun_end and srun_end[2] in _SIGNAL_WORDS and (self.state or "").split()[:1] == ["FAILED"]:
+                silent = [srun_end[0]]  # srun saw a signal end it, and no rank said a word
+        if srun_end and srun_end[0] in silent:  # the task srun saw killed first, not those it then ended
+            silent = [srun_end[0]] + [k for k in silent if k != srun_end[0]]
+        step = self._last_step_text()
         if silent:  # a rank vanished (killed, out of memory); its peers' errors only echo that
             rank = silent[0]
+            killed_by = self._death_signal(rank)
             echo = f"; its peers then failed: rank {error[0]}: {error[1]}" if error else ""
-            line = f"rank {rank} died without a Python error (killed by a signal or the OOM killer?){echo}"
+            how = f"killed by {killed_by}" if killed_by else "killed by a signal or the OOM killer?"
+            line = f"rank {rank} died without a Python error ({how}){echo}"
+            self.failure = Failure(f"rank {rank} {f'killed by {killed_by}' if killed_by else 'died without a Python error'}"
+                                   f"{step}", restartable=True, rank=rank, node=self._rank_node(rank))
             run_record.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
             self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {line} "
                             f"(rank {rank}'s log: {self.job.task(rank).paths.stderr})")
         if error:
             rank, line, path = error
+            # a SuiteError is bad input (a recipe, data or disk the run cannot use): a restart repeats it
+            self.failure = Failure(f"rank {rank} failed{step}: {line}", restartable=not line.startswith("SuiteError"),
+                                   rank=rank, node=self._rank_node(rank))
             run_record.update_summary(self.run_dir, status="failed", error=line, failed_rank=rank, job_id=self.job.job_id)
             self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: rank {rank}: {line} "
                             f"(traceback: {path}; logs: {self.job.paths.folder})")
         summary = _summary(self.run_dir)
         if summary.get("status") == "cancelled":
+            self.failure = Failure("cancelled", restartable=False)
             self._say_end("CANCELLED")
             raise RunCancelled(f"{job} (run {self.run_dir.name}) was cancelled at step {summary.get('steps', 0)}; "
                                f"continue it with python -m suite.submit --resume {self.run_dir}")
         if summary.get("status") != "completed":
             why = f"ended as {self.state}" if self.state and self.state != "ENDED" else "ended without completing"
+            state = (self.state or "").split()[0] if self.state else ""
+            self.failure = Failure(f"the job {why}{step}", restartable=state in _BROKEN and not self.cancelled_by_us)
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}; rank 0's log: "
@@ -216,6 +254,34 @@ class Watch:
     def _say_end(self, state: str) -> None:
         if self.local:
             self.printer(f"[{self.job.job_id}] {state}")
+
+    # ---- what a failure was -----------------------------------------------------------------
+    def _death_signal(self, rank: int) -> str | None:
+        """The signal that ended a rank which left no word ("SIGKILL"), where it can be known:
+        mpirun's log, srun's line in task 0's log (a local pool's: ``PoolWatch``)."""
+        told = getattr(self.job, "death_signal", None)  # an MpiJob reads mpirun's log
+        if told is not None:
+            return told(rank)
+        if self.local:
+            return None
+        end = _srun_first_end(self.job, rank)
+        return _SIGNAL_WORDS.get(end[2]) if end else None
+
+    def _rank_node(self, rank: int) -> str | None:
+        """Slurm's name of the node a rank ran on (srun's line, else the rank's process record)."""
+        if self.local:
+            return None
+        end = _srun_first_end(self.job, rank)
+        if end:
+            return end[1]
+        return next((p.get("node") for p in run_record.rank_processes(self.run_dir) if p["rank"] == rank), None)
+
+    def _last_step_text(self) -> str:
+        """" after step N": the last step this attempt logged (what the records can tell)."""
+        attempt = len(run_record.recorded_attempts(self.run_dir))
+        steps = [r["step"] for r in run_record.read_metrics(self.run_dir, kind="step")
+                 if r.get("attempt") == attempt and isinstance(r.get("step"), int)]
+        return f" after step {max(steps) + 1}" if steps else ""
 
 
 class PoolWatch(Watch):
@@ -232,6 +298,15 @@ class PoolWatch(Watch):
             self.printer(f"[{self.job.job_id}] RUNNING")
         self.state = "ENDED" if ended else "RUNNING"
 
+    def _death_signal(self, rank: int) -> str | None:
+        """Rank k > 0 is a child of task 0, which says which signal ended it (suite/tasks/pool.py)."""
+        path = self.pool.points / f"rank{rank}.exit.json"
+        try:
+            ended = run_record.read_json(path) if path.exists() else {}
+        except (OSError, ValueError):
+            return None
+        return ended.get("message") if ended.get("status") == "killed" else None
+
 
 SLOWEST_POLL_S = 0.5
 
@@ -245,7 +320,8 @@ def poll_interval_s(first_s: float, elapsed_s: float) -> float:
 
 
 def wait(watches: list[Watch], poll_s: float = 0.5, on_done=None) -> None:
-    """Poll every job until all have ended; ``on_done(watch)`` is called once per ended job.
+    """Poll every job until all have ended; ``on_done(watch)`` is called once per ended job, and
+    a Watch it returns (the run submitted again: an automatic restart) is followed in its place.
     ``poll_s``: the first interval between polls (``poll_interval_s``).
 
     Ctrl-C stops the local jobs still running (they save a checkpoint and are marked cancelled)
@@ -256,8 +332,9 @@ def wait(watches: list[Watch], poll_s: float = 0.5, on_done=None) -> None:
             for w in list(pending):
                 if w.poll():
                     pending.remove(w)
-                    if on_done:
-                        on_done(w)
+                    again = on_done(w) if on_done else None
+                    if isinstance(again, Watch):
+                        pending.append(again)
             if pending:
                 time.sleep(poll_interval_s(poll_s, time.monotonic() - started))
     except KeyboardInterrupt:
@@ -298,6 +375,34 @@ def _srun_first_bad_exit(job) -> int | None:
         return None
     found = re.search(r"^srun: error: \S+: tasks? (\d+)[\d,-]*: (.*)$", text, re.MULTILINE)
     return int(found.group(1)) if found and found.group(2).startswith("Exited with exit code") else None
+
+
+# srun's word for a task a signal ended ("Killed") -> the signal's name ("SIGKILL")
+_SIGNAL_WORDS = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
+
+
+def _srun_first_end(job, task: int | None = None):
+    """(task, node, what) of srun's first line about a task that ended badly, in task 0's log
+    (``srun: error: n1: task 1: Killed``), or of ``task``'s first; None when srun said nothing."""
+    try:
+        text = Path(job.task(0).paths.stderr).read_text(errors="replace")
+    except OSError:
+        return None
+    for found in re.finditer(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$", text, re.MULTILINE):
+        tasks = _task_list(found.group(2))
+        if task is None or task in tasks:
+            return (task if task is not None else tasks[0]), found.group(1), found.group(3).strip()
+    return None
+
+
+def _task_list(text: str) -> list[int]:
+    """srun's task list ("0", "0-1", "0,2-3") as numbers."""
+    out = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit():
+            out.extend(range(int(first), int(last) + 1) if last.isdigit() else [int(first)])
+    return out
 
 
 def _submitit_error(job):

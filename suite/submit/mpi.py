@@ -136,6 +136,17 @@ class MpiJob:
             pass
         self.proc.wait()
 
+    def death_signal(self, rank: int) -> str | None:
+        """The signal mpirun saw end ``rank`` ("SIGKILL"), or None (the follower names the cause)."""
+        killed = _killed_rank(self.folder / "mpirun.log")
+        found = re.match(r"exited on signal (\d+)", killed[1]) if killed and killed[0] == rank else None
+        if not found:
+            return None
+        try:
+            return signal.Signals(int(found.group(1))).name
+        except ValueError:
+            return f"signal {found.group(1)}"
+
     def _speak_for_stopped_ranks(self) -> None:
         """When a rank dies, mpirun ends the others, often by SIGKILL, in a collective where no
         Python handler runs: they leave no result and would look killed too. mpirun's log names

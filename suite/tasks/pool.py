@@ -9,7 +9,9 @@ was killed, so that the follower tells a failed rank from a killed one as for an
 Rank k's output goes to task k's log files.
 
 Files in the pool's ``points-<id>/`` besides the points: ``rank<k>.pid`` (the process that is rank
-k) and ``rank<k>.exit.json`` (how rank k ended, written by it just before it exits).
+k) and ``rank<k>.exit.json`` (how rank k ended, written by it just before it exits; or, when a
+signal ended it without a word, by task 0, its parent, which reaps it: ``killed`` and the signal,
+which the follower names as the cause).
 """
 from __future__ import annotations
 
@@ -58,11 +60,11 @@ class PoolTask(submitit.helpers.Checkpointable):
         print(f"warm after {time.time() - started:.1f} s (suite.train.rank, {', '.join(warm) or 'nothing else'})",
               flush=True)
         sys.stderr.flush()
-        children = [self._fork(k, env) for k in range(1, env.num_tasks)]
+        children = {self._fork(k, env): k for k in range(1, env.num_tasks)}
         try:
             return self._serve(points, 0)
         finally:
-            _reap(children)
+            _reap(children, points)
 
     def _fork(self, rank: int, env) -> int:
         pid = os.fork()
@@ -140,25 +142,39 @@ def _stand_in(points: Path, rank: int):
     if not path.exists():  # killed without a word: so is its stand-in (no result, as for a killed task)
         os.kill(os.getpid(), signal.SIGKILL)
     ended = json.loads(path.read_text())
+    if ended["status"] == "killed":  # task 0 reaped it first and said which signal: still no result
+        os.kill(os.getpid(), signal.SIGKILL)
     if ended["status"] == "error":
         raise RuntimeError(f"rank {rank}: {ended['message']}")
     return rank if ended["status"] == "completed" else None
 
 
-def _reap(children: list[int], timeout_s: float = 60.0) -> None:
+def _reap(children: dict[int, int], points: Path | None = None, timeout_s: float = 60.0) -> None:
     """Rank 0 ends last, so the job lasts as long as its ranks; but not forever: peers stuck after
     a failure (rank 0's process group is closed by then, which ends their collectives) are killed
-    with it (``_die_with_parent``)."""
+    with it (``_die_with_parent``). ``children``: pid -> rank. A rank a signal ended without a
+    word gets ``rank<k>.exit.json`` saying so (only its parent can know the signal)."""
     deadline = time.time() + timeout_s
-    pending = set(children)
+    pending = dict(children)
     while pending and time.time() < deadline:
         for pid in list(pending):
             try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    pending.discard(pid)
+                done, status = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                pending.discard(pid)
+                pending.pop(pid)
+                continue
+            if done:
+                rank = pending.pop(pid)
+                if points is not None and os.WIFSIGNALED(status) and not (points / f"rank{rank}.exit.json").exists():
+                    _write_exit(points, rank, "killed", _signal_name(os.WTERMSIG(status)))
         time.sleep(_POLL_S)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal
+        return f"signal {number}"
 
 
 def wait_for_exit(pid: int) -> None:

@@ -53,15 +53,24 @@ class StepLoop:
         return {k: getattr(self, k) for k in self._STATE}
 
     def resume(self) -> None:
-        """Continue from the run folder's checkpoint, if it holds one; record this attempt."""
+        """Continue from the run folder's checkpoint, if it holds one; record this attempt.
+
+        The attempts so far are the run record's (rank 0 reads them and tells the others, before
+        it writes this one): an attempt that died before its first checkpoint is in the record
+        only, and an automatic restart's attempt, with its cause, is announced there by the follower
+        and completed here (run_record.announce_restart, start_attempt)."""
         restored = checkpoint.load(self.run_dir, self.ctx, self.engine)
         if restored:
             for key in self._STATE:
                 setattr(self, key, restored[key])
         self._allocated_until = self.step + allocated_steps
-        self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": time.time(),
-                              "from_step": self.step,
-                              "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0))})
+        box = [run_record.recorded_attempts(self.run_dir) if self.ctx.is_main else None]
+        if self.ctx.world_size > 1:
+            dist.broadcast_object_list(box, src=0)
+        self.attempts = run_record.start_attempt(
+            box[0], self.attempts, self.step, slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+        if self.ctx.is_main:  # recorded now, not only at the next checkpoint: this attempt may die before it
+            run_record.update_summary(self.run_dir, attempts=self.attempts)
 
     @property
     def attempt(self) -> int:
@@ -104,7 +113,7 @@ class StepLoop:
             self._batch = i + 1
             if self.step == self._allocated_until and self.allocated:
                 self.allocated.stop()
-            _maybe_fail(self.ctx.rank, self.step)
+            _maybe_fail(self.ctx.rank, self.step, self.attempt)
             if len(self._pending) >= self.tr.log_every_steps or self._checkpoint_due():
                 p.elapsed_s = time.perf_counter() - epoch_t0
                 self._flush()
@@ -219,12 +228,17 @@ class _EpochSums:
         self.elapsed_s = 0.0
 
 
-def _maybe_fail(rank: int, step: int) -> None:
+def _maybe_fail(rank: int, step: int, attempt: int = 1) -> None:
     """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP raises there,
     RANK:STEP:kill kills the process (SIGKILL: no Python error, as with the OOM killer).
+    Several, comma-separated; ``@A`` after one fires it in attempt A only (the run record's
+    attempt number), e.g. ``1:5:kill@1,0:9:kill@2`` for a run restarted after each.
     (RANK:STEP:kill-in-save is suite.train.checkpoint's: a kill in the middle of a save.)"""
-    spec = os.environ.get("SCALESUITE_FAIL_AT", "")
-    if spec == f"{rank}:{step}:kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if spec == f"{rank}:{step}":
-        raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")
+    for spec in os.environ.get("SCALESUITE_FAIL_AT", "").split(","):
+        spec, _, only = spec.strip().partition("@")
+        if only and only != str(attempt):
+            continue
+        if spec == f"{rank}:{step}:kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if spec == f"{rank}:{step}":
+            raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")

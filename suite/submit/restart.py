@@ -1,0 +1,157 @@
+"""Automatic restarts (``launch.max_restarts``): when a followed run fails because a rank died
+(killed, crashed, its node lost: ``follow.Failure.restartable``), the follower submits it again
+into its own folder, as ``python -m suite.submit --resume RUN`` does: the ranks load the last
+complete checkpoint (or start over when there is none), the records logged after it are dropped
+and redone, so the per-step losses equal an uninterrupted run's. Up to ``max_restarts`` times per
+run; bad input (a rank's ``SuiteError``: the recipe, the data, a full disk), a cancel (Ctrl-C,
+``scancel``), a Slurm job that can never start and a time limit are never restarted.
+
+On Slurm the new job leaves out the node the failing rank ran on (``sbatch --exclude``), where
+it is known (srun's line naming the task, the rank's process record, or the nodes of a NODE_FAIL
+job that Slurm now reports down) and only while the run still fits on the partition's other
+usable nodes; otherwise the line says why the node is kept.
+
+Each restart is an attempt in the run record with its cause (``run_record.announce_restart``)
+and one line here: ``restart 1/3 from checkpoint step 30: rank 1 killed by SIGKILL after step 37``.
+"""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from suite.common.errors import RunCancelled
+from suite.record import run_record
+
+# sinfo's short node states (%t) in which a node takes no new job; a trailing "*" (not
+# responding) says the same of any state.
+_UNUSABLE = ("down", "drain", "drng", "fail", "failg", "futr", "maint", "unk", "inval", "npc", "boot", "pow_dn")
+
+
+@dataclass
+class Restart:
+    """One restart decided: what to submit and what the line says."""
+    number: int
+    of: int
+    cause: str
+    from_step: int
+    recipe: object  # the run's recipe; on Slurm with the excluded nodes in launch.sbatch_extra
+    excluded: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def line(self) -> str:
+        where = f"from checkpoint step {self.from_step}" if self.from_step else "from the start (no checkpoint yet)"
+        return f"restart {self.number}/{self.of} {where}: {self.cause}" + (f"; {self.note}" if self.note else "")
+
+
+class Restarts:
+    """One run's restart budget, kept by the follower (``suite.submit.cli``)."""
+
+    def __init__(self, recipe, run_dir: Path, printer=print):
+        self.recipe, self.run_dir, self.printer = recipe, Path(run_dir), printer
+        self.limit = recipe.launch.max_restarts
+        self.used = 0
+        self.excluded = _node_list(recipe.launch.sbatch_extra.get("exclude"))  # the recipe's own, kept
+        self.last_cause: str | None = None
+
+    def next(self, watch, error) -> Restart | None:
+        """After ``watch``'s run failed with ``error``: the restart to submit (recorded in the run
+        record and said in one line), or None when it is not to be restarted."""
+        failure = getattr(watch, "failure", None)
+        if failure is None or isinstance(error, RunCancelled) or not failure.restartable:
+            return None
+        self.last_cause = failure.cause
+        if self.used >= self.limit:
+            return None
+        self.used += 1
+        saved = run_record.latest_checkpoint(self.run_dir)
+        restart = Restart(self.used, self.limit, failure.cause, saved["step"] if saved else 0, self.recipe)
+        if self.recipe.launch.executor == "slurm":
+            self._exclude(restart, failure, watch.job.job_id)
+        fields = {"failed_job_id": str(watch.job.job_id)}
+        if restart.excluded:
+            fields["excluded_nodes"] = restart.excluded
+        run_record.archive_errors(self.run_dir)  # the new attempt is not taken for failed by its follower
+        run_record.announce_restart(self.run_dir, restart.number, restart.cause, restart.from_step, **fields)
+        self.printer(restart.line(), flush=True)
+        return restart
+
+    def gave_up(self, error) -> str:
+        """The one-line error of a run that failed for good: ``error``'s, and the restarts spent."""
+        if not self.used:
+            return str(error)
+        return (f"{error}; gave up after {self.used} automatic restart(s) (launch.max_restarts={self.limit}), "
+                f"last cause: {self.last_cause}")
+
+    def _exclude(self, restart: Restart, failure, job_id: str) -> None:
+        """Leave the failed node out of the next job where the run still fits without it."""
+        launch = self.recipe.launch
+        failed = [failure.node] if failure.node else _lost_nodes(job_id)
+        new = [n for n in failed if n and n not in self.excluded]
+        if new:
+            usable = usable_nodes(launch.partition)
+            left = None if usable is None else [n for n in usable if n not in self.excluded + new]
+            if left is None:
+                restart.note = f"node {','.join(new)} not excluded: sinfo cannot tell which nodes are left"
+            elif len(left) < launch.nodes:
+                restart.note = (f"node {','.join(new)} not excluded: the run needs {launch.nodes} node(s) and "
+                                f"{len(left)} usable would be left{_in(launch.partition)}")
+            else:
+                self.excluded += new
+                restart.note = f"excluding node {','.join(self.excluded)}"
+        elif self.excluded:
+            restart.note = f"excluding node {','.join(self.excluded)}"
+        restart.excluded = list(self.excluded)
+        if self.excluded:
+            extra = {**launch.sbatch_extra, "exclude": ",".join(self.excluded)}
+            restart.recipe = self.recipe.model_copy(update={"launch": launch.model_copy(update={"sbatch_extra": extra})})
+
+
+def _in(partition) -> str:
+    return f" in partition {partition}" if partition else " in the default partition"
+
+
+def _node_list(value) -> list[str]:
+    return [n for n in str(value).split(",") if n] if value else []
+
+
+def _run(*cmd: str) -> str | None:
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def usable_nodes(partition: str | None) -> list[str] | None:
+    """Nodes of ``partition`` (default: the cluster's default partition) that take jobs now, by
+    sinfo; None when sinfo cannot say."""
+    if partition is None:
+        listed = _run("sinfo", "-h", "-o", "%P")
+        defaults = [p.rstrip("*") for p in (listed or "").split() if p.endswith("*")]
+        partition = defaults[0] if defaults else None
+    states = _node_states(partition)
+    return None if states is None else sorted(n for n, usable in states.items() if usable)
+
+
+def _node_states(partition: str | None = None) -> dict[str, bool] | None:
+    """node -> whether it takes jobs now (sinfo's state), of one partition or all."""
+    out = _run("sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else []))
+    if out is None:
+        return None
+    states: dict[str, bool] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            usable = not parts[1].endswith("*") and not parts[1].rstrip("~#!%$@^-").startswith(_UNUSABLE)
+            states[parts[0]] = states.get(parts[0], True) and usable
+    return states
+
+
+def _lost_nodes(job_id: str) -> list[str]:
+    """The nodes of a job (e.g. one that ended NODE_FAIL) that Slurm now reports unusable."""
+    listed = _run("sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "NodeList")
+    first = listed.strip().splitlines()[0] if listed and listed.strip() else ""
+    names = _run("scontrol", "show", "hostnames", first) if first and first != "None assigned" else None
+    states = _node_states() or {}
+    return [n for n in (names or "").split() if n in states and not states[n]]
