@@ -8,12 +8,12 @@ import sys
 
 from suite.calibrate.measure import MAX_BYTES, MIN_BYTES, calibrate, table
 from suite.planner.calibration import save
+import argparse
+from suite.common.errors import SuiteError, one_line
 
 
 def main(argv=None) -> int:
-    import argparse
 
-    from suite.common.errors import SuiteError, one_line
 
     p = argparse.ArgumentParser(prog="python -m suite.calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("recipe", nargs="?", help="a recipe: its launch settings and its model's achieved rate")
@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     def _run(args) -> int:
         recipe = None
         if args.recipe:
+            # start-up: loads torch, numpy, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
             from suite import recipe as recipes
 
             recipe = recipes.load(args.recipe, args.overrides)[0]

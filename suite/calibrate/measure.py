@@ -32,6 +32,9 @@ from pathlib import Path
 from suite.planner import alpha_beta, timing
 from suite.planner.calibration import cache_dir, key
 from suite.planner.compute import compute_rates, model_rates
+import warnings
+import multiprocessing
+from suite.common.errors import SuiteError
 
 MIN_BYTES = 4096
 MAX_BYTES = 64 * 2**20
@@ -53,8 +56,8 @@ def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
 
 def _op(kind: str, n_bytes: int, world: int, rank: int):
     """A function making one call of ``kind`` with a message of ``n_bytes`` (fp32 elements)."""
-    import torch
-    import torch.distributed as dist
+    import torch  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
     n = max(world, n_bytes // 4 // world * world)  # divisible by world: gather/scatter shards
     if kind == "all_reduce":
@@ -90,8 +93,8 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None)
     The sizes of a kind are timed in rounds (every size once per round, ``ROUNDS`` rounds) rather
     than one size after another, so that a busy spell of the machine slows one call of every size
     instead of all calls of one size; each call starts after a barrier."""
-    import torch
-    import torch.distributed as dist
+    import torch  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
     out = {}
     for kind in kinds:
@@ -118,10 +121,10 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None)
 def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, device: str = "cpu") -> dict | None:
     """One rank of the calibration (its environment set by the launcher): rank 0 returns the
     measurements, the others None."""
-    import warnings
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
+    # start-up: loads torch, numpy, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train import dist as suite_dist
 
     # torch 2.14 calls reduce_scatter_tensor deprecated (for a name no older torch has); the call is the same.
@@ -132,7 +135,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
         points = time_collectives(kinds, message_sizes, ctx.world_size, ctx.rank, progress)
         hosts = [None] * ctx.world_size
         dist.all_gather_object(hosts, socket.gethostname())
-        import torch
+        import torch  # optional: torch is imported only where it is used
 
         return {"points": points, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
@@ -152,11 +155,10 @@ def run_local(world: int, message_sizes: list[int]) -> dict:
     """``world`` ranks as processes on this machine; rank 0's measurements. Forked where the
     platform can (a spawned rank imports torch again: ~5 s on 2 busy cores), before this process
     has run any torch operation, so no thread pool is forked half-way."""
-    import multiprocessing
 
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # start-up: loads torch, numpy only when this runs
 
-    from suite.common.ports import free_port
+    from suite.common.ports import free_port  # start-up: loads suite.common only when this runs
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     queue = mp.get_context(method).SimpleQueue()
@@ -172,8 +174,9 @@ class CalibrateTask:
         self.world, self.message_sizes, self.device = world, message_sizes, device
 
     def __call__(self):
-        import submitit
+        import submitit  # start-up: loads submitit only when this runs
 
+        # start-up: loads torch, numpy, submitit, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.tasks only when this runs
         from suite.tasks.train import join_rendezvous
 
         join_rendezvous(submitit.JobEnvironment(), None)
@@ -182,10 +185,10 @@ class CalibrateTask:
 
 def run_slurm(launch, world: int, message_sizes: list[int], folder: Path) -> dict:
     """One Slurm job of ``world`` tasks with the recipe's launch settings; rank 0's measurements."""
+    # start-up: loads torch, numpy, submitit, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.submit, suite.tasks only when this runs
     from suite.submit.launch import make_executor
 
-    from suite.compat import submitit as submitit_compat
-    from suite.common.errors import SuiteError
+    from suite.compat import submitit as submitit_compat  # start-up: loads suite.compat only when this runs
 
     nodes = max(1, -(-world // launch.tasks_per_node))
     launch = launch.model_copy(update={"nodes": nodes, "tasks_per_node": world // nodes})

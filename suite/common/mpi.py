@@ -21,7 +21,7 @@ def comm(key: str = "MPI"):
         raise SuiteError(f"{key} needs ranks an MPI launcher started, but this rank was not (no "
                          f"{' / '.join(_MPI_RANK_VARIABLES)}); launch with launch.executor=mpi")
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # optional: mpi4py is imported only where it is used
     except ImportError:
         raise SuiteError(f"{key} exchanges through MPI with mpi4py, which is not installed; {INSTALL_MPI4PY}") from None
     return MPI.COMM_WORLD

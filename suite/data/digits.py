@@ -9,6 +9,7 @@ from torch.utils.data import TensorDataset
 
 from suite.data import DataSpec
 from suite.data.base import DataOptions
+import importlib.util
 
 _SAMPLES = 1797  # images in scikit-learn's digits
 
@@ -41,12 +42,11 @@ def _read():
     """(images, target) as ``sklearn.datasets.load_digits`` gives them. It reads one gzipped CSV
     that scikit-learn ships (64 pixel values and the digit per row); read here directly, because
     importing scikit-learn takes longer (1-2 s) than the rest of a rank's data loading."""
-    import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
     path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else None
     if path is None or not path.exists():  # another layout of scikit-learn: ask it
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # start-up: loads sklearn, numpy, psutil, scipy only when this runs
 
         bunch = load_digits()
         return bunch.images, bunch.target

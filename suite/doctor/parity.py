@@ -32,7 +32,7 @@ def recipe_for(strategy: dict, world: int, device: str) -> dict:
 def certify_function():
     """``suite.verify.certify``, or None where this installation does not have it."""
     try:
-        from suite.verify import certify
+        from suite.verify import certify  # optional: suite.verify is imported only where it is used
     except ModuleNotFoundError as e:
         if e.name != "suite.verify":
             raise  # suite.verify is there but something it imports is not: that is a finding, not a skip
@@ -49,8 +49,9 @@ def parity_smoke(world: int, steps: int, out: Path, device: str, emit, line, lab
                  certify=None) -> dict:
     """One check per strategy of ``labels``: its certificate against single. ``certify``
     defaults to ``suite.verify.certify``; without it the smoke is one skipped check saying so."""
+    # start-up: loads torch, numpy, pydantic, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
-    from suite.common.errors import SuiteError
+    from suite.common.errors import SuiteError  # start-up: loads suite.common only when this runs
 
     certify = certify or certify_function()
     if certify is None:

@@ -4,6 +4,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from suite.common.errors import SuiteError
+from suite.models import MODELS
 
 
 class ModelOptions(BaseModel):
@@ -20,7 +21,6 @@ class ModelOptions(BaseModel):
     def factory(self):
         """What builds this model: called as ``factory(spec, **self.factory_kwargs())`` (without
         ``spec`` where ``calls_with_spec`` is false)."""
-        from suite.models import MODELS
 
         return MODELS[self.name][1]
 

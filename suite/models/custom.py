@@ -20,6 +20,7 @@ from pydantic import ConfigDict, model_validator
 from suite.common.errors import SuiteError
 from suite.common.factories import TargetOptions, takes_spec
 from suite.models.base import ModelOptions
+import torch
 
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 
@@ -64,7 +65,6 @@ def try_build(options: Custom) -> None:
     """Call the constructor with the recipe's arguments on the meta device; a TypeError (an argument
     it does not take, or of the wrong kind) becomes a SuiteError naming the key. Anything else is
     left to the build in the rank, which says what went wrong: a model may need real values."""
-    import torch
 
     kwargs = options.factory_kwargs()
     try:

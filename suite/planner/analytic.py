@@ -40,10 +40,12 @@ def model_step(recipe) -> dict:
     The meta device rather than FakeTensorMode: a backward under FakeTensorMode starts autograd's
     device threads, after which a process can no longer fork ranks that train (a run's rank 0,
     a test process); one on the meta device does not."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    import torch  # start-up: loads torch, numpy only when this runs
+    from torch.utils.flop_counter import FlopCounterMode  # start-up: loads torch, numpy only when this runs
 
+    # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
     from suite.planner.counting import LiveBytes, fake_batch
+    # start-up: loads torch, numpy, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
 
     layout = recipe.layout()
@@ -93,6 +95,7 @@ def step_sizes(recipe, g: int, p: int, step: dict, parts: int = 1):
     pipeline); ``step``: ``model_step``'s result."""
     # start-up: the strategy registry and train.dist import torch; loaded when a rule is read.
     from suite.strategies.costs import StepSizes
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.dist import uses_cuda
 
     return StepSizes(layout=recipe.layout(), gradient_bytes=g, parameter_bytes=p,
@@ -148,7 +151,7 @@ def optimizer_temporaries(recipe, step: dict, parts: int) -> int:
 def profile(recipe, world_size: int, reason: str) -> StepProfile:
     """The analytic StepProfile of ``recipe`` (already at ``world_size``); ``reason``: why the
     fake run could not be used, kept in ``notes``."""
-    from suite.planner.memory import predicted_held_bytes
+    from suite.planner.memory import predicted_held_bytes  # start-up: loads suite.planner only when this runs
 
     strategy_rules(recipe.strategy)  # every rule declared, before a second is spent on the model
     layout = recipe.layout()

@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import multiprocessing
 
 
 def compute_rates(precision: str = "fp32") -> dict:
     """The measured matmul peak per thread count 1 .. cores (``suite.record.peak``, cached), and
     the memory-copy rate of one thread (``copy_rate``)."""
-    import torch
+    import torch  # start-up: loads torch, numpy only when this runs
 
-    from suite.record import peak
+    from suite.record import peak  # start-up: loads torch, numpy, suite.record only when this runs
 
     before, by_threads = torch.get_num_threads(), {}
     try:
@@ -36,7 +37,7 @@ def copy_rate(n_bytes: int = COPY_BYTES, repeats: int = 9) -> float:
     ``repeats``): what FSDP2 does around each gather and reduce-scatter, into buffers it
     allocates each time, so the first touch of their pages is part of the cost (a copy into a
     reused buffer ran about 1.3x faster here, 6 against 4.4 GB/s at 16 MiB)."""
-    import torch
+    import torch  # start-up: loads torch, numpy only when this runs
 
     source = torch.ones(n_bytes // 4)
     times = []
@@ -55,9 +56,11 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int
     the model is built, just before the timed steps. ``window_s``: time steps for that long (at
     least ``steps``) and take their mean, rather than the median of ``steps``: ranks sharing
     cores get their fair share only over many of the scheduler's slices."""
-    import torch
+    import torch  # start-up: loads torch, numpy only when this runs
 
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import build as build_model
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import flops
 
     spec = recipe.data.spec()
@@ -111,8 +114,8 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
     whole step at that size took 183-202 ms; the window's means spread by 10 % across the ranks.
     The FLOPs are counted once, here (on the meta device: no thread pool is started before the
     forks), and the ranks start their timed steps together, none while another still builds."""
-    import multiprocessing
 
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import flops
 
     step_flops = flops.train_step_flops(recipe)

@@ -35,6 +35,8 @@ from suite.compat import torch as torch_compat
 from suite.planner import analytic
 from suite.planner.counting import Collectives, LiveBytes, fake_batch
 from suite.planner.profile import StepProfile
+from torch.nn.parallel import DistributedDataParallel
+import multiprocessing
 
 def _ddp_hook(world_size: int):
     def hook(_state, bucket):
@@ -48,7 +50,6 @@ def _ddp_hook(world_size: int):
 
 def _register_ddp_hooks(engine, world_size: int) -> bool:
     """True where the engine's module is DDP (``ddp``, ``layer_split`` at world > 1)."""
-    from torch.nn.parallel import DistributedDataParallel
 
     module = getattr(engine, "module", None)
     if not isinstance(module, DistributedDataParallel):
@@ -61,8 +62,9 @@ def _register_ddp_hooks(engine, world_size: int) -> bool:
 def at_world(recipe, world_size: int):
     """The recipe at this world size (one node of ``world_size`` ranks); SuiteError where the
     strategy or the batch refuses it."""
+    # start-up: loads pydantic, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
-    import yaml
+    import yaml  # start-up: loads yaml only when this runs
 
     raw = yaml.safe_load(recipes.dump(recipe))
     raw["launch"] = {**raw["launch"], "executor": "local", "nodes": 1, "tasks_per_node": world_size}
@@ -71,11 +73,15 @@ def at_world(recipe, world_size: int):
 
 def profile_step(recipe, world_size: int) -> StepProfile:
     """Rank 0's cost of one optimizer step of ``recipe`` at ``world_size`` (see the module doc)."""
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode  # start-up: loads torch only when this runs
 
+    # start-up: loads pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite import strategies
+    # start-up: loads pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite.strategies import prepare
+    # start-up: loads pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite.strategies.context import DistContext
+    # start-up: loads torch, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
 
     recipe = at_world(recipe, world_size)
@@ -146,7 +152,6 @@ class Job:
     with it. ``poll()`` is None while it runs, then ("ok", StepProfile) or ("error", line)."""
 
     def __init__(self, recipe, world_size: int, timeout_s: float, try_fake: bool = False):
-        import multiprocessing
 
         context = multiprocessing.get_context("fork")  # the parent's imports (torch) come for free
         self._conn, child_end = context.Pipe(duplex=False)
@@ -190,9 +195,10 @@ def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool
 
 def warm() -> None:
     """Import what every child needs once, in the parent (forked children share it)."""
+    # start-up: these imports are the point: done once here, before the children fork
     from torch.utils import flop_counter  # noqa: F401
 
     import suite.strategies  # noqa: F401
-    import suite.train.rank  # noqa: F401
+    import suite.train.rank  # noqa: F401  (start-up: as above)
     torch_compat.fake_tensor_mode()  # imports dynamo, the bulk of the start-up
 

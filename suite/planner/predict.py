@@ -29,6 +29,7 @@ def prediction(recipe, calibration: dict | None = None) -> dict:
 
 
 def _prediction(recipe, calibration):
+    # start-up: loads pydantic, suite.common, suite.planner, suite.record only when this runs
     from suite.planner import analytic, calibration as stored, timing
 
     # Not the fake run: see the module's docstring.

@@ -57,8 +57,9 @@ def strategy_specs(text: str, recipe_strategy: dict) -> list[tuple[str, dict]]:
 
 def _fill_data_degree(section: dict, world_size: int) -> dict:
     """A data-parallel degree the user left unset fills the world the other degrees leave."""
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # start-up: loads pydantic only when this runs
 
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite.strategies import STRATEGIES
 
     try:
@@ -79,6 +80,7 @@ def _fill_data_degree(section: dict, world_size: int) -> dict:
 
 def recipe_at(raw: dict, section: dict, world_size: int):
     """The recipe with this strategy at this world size (SuiteError: refused, and why)."""
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
 
     point = {**raw, "strategy": _fill_data_degree(section, world_size)}
@@ -89,7 +91,7 @@ def recipe_at(raw: dict, section: dict, world_size: int):
 def plan(raw: dict, specs, worlds, jobs: int = 2, timeout_s: float = 300, try_fake: bool = False,
          progress=print) -> list[Point]:
     """Every (strategy, world size): profiled in forked children, ``jobs`` at a time."""
-    from suite.planner import fake_run
+    from suite.planner import fake_run  # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
 
     fake_run.warm()
     points, todo = [], []

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from suite.common.errors import SuiteError
 from suite.planner import alpha_beta
 from suite.planner.profile import StepProfile
+import hashlib
 
 if TYPE_CHECKING:  # the strategy registry imports torch: timing stays torch-free at import
     from suite.strategies.costs import Overlap
@@ -75,7 +76,6 @@ def rule(options: dict) -> tuple[str, Overlap]:
 
 def model_key(recipe) -> str:
     """How a calibration names the model it measured: model.name and a digest of model.*."""
-    import hashlib
 
     digest = hashlib.sha256(recipe.model.model_dump_json().encode()).hexdigest()[:8]
     return f"{recipe.model.name}-{digest}"

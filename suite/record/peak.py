@@ -36,6 +36,9 @@ from pathlib import Path
 import torch
 
 from suite.record import flops
+import fcntl
+import torch.distributed as dist
+import argparse
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 SIZES = (256, 512, 1024, 2048, 4096)  # square matmul sides tried, each double the last
@@ -145,7 +148,6 @@ def _settled(entry) -> bool:
 @contextlib.contextmanager
 def _locked(path: Path):
     """Hold an exclusive lock beside the cache (yields False, unlocked, when that is impossible)."""
-    import fcntl
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +164,7 @@ def _locked(path: Path):
 
 def _write_cache(path: Path, entries: dict) -> None:
     """Atomically, or not at all (a read-only home, a full disk: the next run measures again)."""
-    from suite.record.run_record import write_json_atomic
+    from suite.record.run_record import write_json_atomic  # start-up: loads pydantic, suite.record only when this runs
 
     with contextlib.suppress(OSError):
         write_json_atomic(path, entries)
@@ -237,7 +239,6 @@ def resolve(recipe, ctx) -> tuple[float | None, str | None, dict | None]:
             print(f"CPU peak not measured ({type(e).__name__}: {e}); MFU left out", flush=True)
     nodes = [(socket.gethostname(), mine)]
     if ctx.world_size > 1:
-        import torch.distributed as dist
 
         nodes = [None] * ctx.world_size
         dist.all_gather_object(nodes, (socket.gethostname(), mine))
@@ -251,7 +252,6 @@ def resolve(recipe, ctx) -> tuple[float | None, str | None, dict | None]:
 
 
 def main(argv=None) -> int:
-    import argparse
 
     p = argparse.ArgumentParser(prog="python -m suite.record.peak", description="This CPU's measured peak FLOP/s.")
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))

@@ -32,7 +32,7 @@ class GpuProbe:
     kind = "gpu"
 
     def __init__(self, index: int):
-        import pynvml  # from nvidia-ml-py; only on GPU hosts
+        import pynvml  # optional: nvidia-ml-py, only on GPU hosts
 
         pynvml.nvmlInit()
         self._nvml = pynvml

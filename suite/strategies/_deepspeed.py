@@ -15,6 +15,13 @@ from pathlib import Path
 
 from suite.strategies.engine import Engine
 from suite.common.errors import SuiteError
+from pydantic import ValidationError
+from suite.compat import deepspeed as ds_compat
+import logging
+import torch
+import torch.distributed as dist
+from suite.record.metrics import optimizer_state_bytes, tensor_bytes
+from suite.strategies import clip
 
 # DeepSpeed keys the recipe decides; setting them in strategy.config would let the two disagree.
 OWNED = {
@@ -138,9 +145,7 @@ def check_config(config: dict, extra: dict) -> None:
     """Parse ``config`` as DeepSpeed does (for one data-parallel rank); an error names the
     ``strategy.config`` key. Imports DeepSpeed: call only when ``extra`` is not empty."""
     quiet_import()
-    from pydantic import ValidationError
 
-    from suite.compat import deepspeed as ds_compat
 
     config = {**config, "train_batch_size": config["train_micro_batch_size_per_gpu"]
               * config["gradient_accumulation_steps"]}  # parsed as if for one rank
@@ -175,9 +180,7 @@ def _within(path: tuple, extra: dict) -> bool:
 
 def quiet_import():
     """Import DeepSpeed with its INFO chatter off; returns the module."""
-    import logging
 
-    import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else it probes and warns on stderr
@@ -189,7 +192,6 @@ def quiet_import():
 def preload() -> None:
     """Import DeepSpeed and the modules ``deepspeed.initialize`` imports lazily (its Muon optimizer
     module pulls in torch._inductor: ~7 s). For a parent process about to fork ranks (tests)."""
-    from suite.compat import deepspeed as ds_compat
 
     quiet_import()
     ds_compat.preload_modules()
@@ -203,13 +205,11 @@ def start(ctx, precision: str, strategy: str):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else it probes and warns
     os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))  # without it DeepSpeed tries MPI
     deepspeed = quiet_import()
-    from suite.compat import deepspeed as ds_compat
 
     ds_compat.skip_shm_op_build()  # compiled on first use (60-80 s on 2 cores); training never uses it
     ds_compat.announce_op_builds()  # expert config may need an op: say so, and where it is cached
     deepspeed.init_distributed(dist_backend=ctx.backend, auto_mpi_discovery=False)
-    import torch.distributed as dist
-    from deepspeed import comm
+    from deepspeed import comm  # start-up: loads deepspeed, pydantic, psutil only when this runs
     assert comm.get_world_size() == dist.get_world_size(), "DeepSpeed did not join the suite's process group"
     return deepspeed
 
@@ -225,7 +225,6 @@ class DeepSpeedEngine(Engine):
     per-rank state (loads at the same world size and stage)."""
 
     def __init__(self, setup, ds_engine, zero_stage: int, dp_rank: int, dp_size: int):
-        import torch
 
         self.setup, self.ds, self.zero_stage = setup, ds_engine, zero_stage
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -233,13 +232,11 @@ class DeepSpeedEngine(Engine):
         self._input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision)
         self._grad_norm = None  # the norm the suite clipped by (suite_clips), per step
         if setup.grad_clip_norm and suite_clips(zero_stage, setup.precision):
-            from suite.compat import deepspeed as ds_compat
 
             # Runs after DeepSpeed has reduced the gradients, just before the optimizer steps.
             ds_compat.inner_optimizer(ds_engine).register_step_pre_hook(lambda *_: self._clip())
 
     def _clip(self) -> None:
-        from suite.strategies import clip
 
         self._grad_norm = clip.clip_grad_norm_(self.ds.module.parameters(), self.setup.grad_clip_norm,
                                                stage_group=self.stage_group())
@@ -255,7 +252,6 @@ class DeepSpeedEngine(Engine):
     def grad_norm(self):
         """The global gradient norm before clipping of the last optimizer step, as DeepSpeed
         (or the suite) computed it to clip; None when the recipe does not clip."""
-        import torch
 
         if not self.setup.grad_clip_norm:
             return None
@@ -289,8 +285,6 @@ def held_bytes(engine, params, gradient_bytes: int) -> dict:
     """Bytes this rank holds: parameters (ZeRO-3: this rank's partitions), gradients (measured
     after backward), optimizer state = the inner optimizer's state plus DeepSpeed's fp32 master
     weights (suite.compat.deepspeed knows where each ZeRO stage keeps them)."""
-    from suite.compat import deepspeed as ds_compat
-    from suite.record.metrics import optimizer_state_bytes, tensor_bytes
 
     return {"parameters": tensor_bytes(ds_compat.parameter_partitions(engine, params)), "gradients": gradient_bytes,
             "optimizer_state": optimizer_state_bytes(ds_compat.inner_optimizer(engine))
@@ -301,7 +295,6 @@ def gradient_bytes(engine, params) -> int:
     """Gradient bytes this rank holds right after backward: full ``p.grad`` where DeepSpeed keeps
     them, its partitioned buffers, and the gradients of the inner optimizer's parameters (the fp32
     partitions, which hold them under optimizer offload). Views of one buffer are counted once."""
-    from suite.compat import deepspeed as ds_compat
 
     inner = ds_compat.inner_optimizer(engine)
     params = list(params) + [p for group in inner.param_groups for p in group["params"]]

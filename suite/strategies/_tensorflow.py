@@ -38,6 +38,10 @@ from suite.strategies import costs
 from suite.strategies.base import StrategyOptions, refuse_world_size
 from suite.strategies.engine import Engine
 from suite.strategies.keys import Refused, check as check_keys
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+import numpy as np
+import torch
 
 INSTALL = 'pip install -e ".[tensorflow]"'
 
@@ -114,6 +118,7 @@ def start_tf(threads: int, cpu_devices: int = 1):
     """Import TensorFlow configured before its runtime starts (afterwards it refuses changes):
     this rank's thread budget and, for one-process mirroring on a CPU, ``cpu_devices`` logical CPUs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no C++ info lines in the run's log
+    # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -126,7 +131,6 @@ def start_tf(threads: int, cpu_devices: int = 1):
 def write_tf_config(ctx) -> dict:
     """TF_CONFIG for MultiWorkerMirroredStrategy from the suite's rank and world: every rank takes
     a free port on its host, the ranks exchange them over the torch process group, worker i is rank i."""
-    import torch.distributed as dist
     host = "127.0.0.1" if ctx.local_world_size == ctx.world_size else socket.getfqdn()
     mine = f"{host}:{free_port(host if host == '127.0.0.1' else '')}"
     workers = [None] * ctx.world_size
@@ -138,7 +142,6 @@ def write_tf_config(ctx) -> dict:
 
 def arrays(dataset):
     """A suite dataset (inputs, targets) as two numpy arrays: the same samples the torch runs read."""
-    from torch.utils.data import DataLoader
     x, y = next(iter(DataLoader(dataset, batch_size=len(dataset))))
     return x.numpy(), y.numpy()
 
@@ -174,7 +177,7 @@ def datasets(tf, recipe, train_set, val_set):
 def build_model(recipe):
     """The Keras twin of the suite's mlp: Flatten, then Dense(h, relu) [+ Dropout] per hidden
     width, then Dense(classes) giving logits (the loss applies the softmax, as in torch)."""
-    import keras
+    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
     spec, m = recipe.data.spec(), recipe.model
     layers = [keras.Input(spec.input_shape), keras.layers.Flatten()]
     for h in m.hidden:
@@ -191,7 +194,7 @@ def build_optimizer(recipe, clip: float | None = None):
     torch's clip_grad_norm_ does (without its 1e-6 in the denominator), before weight decay. It
     norms the gradients the optimizer is given: under a distribution strategy a replica's own,
     before the replicas' are summed, so only a run without one may pass it (``train_fit``)."""
-    import keras
+    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
     o = recipe.optimizer
     if o.name == "sgd":
         return keras.optimizers.SGD(o.lr, momentum=o.momentum, weight_decay=o.weight_decay or None,
@@ -220,6 +223,7 @@ class TFEngine(Engine):
     """What the summary asks of an engine: data shards, bytes held, the TF facts of this rank."""
 
     def __init__(self, ctx, strategy, model, optimizer, kind: str):
+        # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
         import tensorflow as tf
         self.dp_rank, self.dp_size = ctx.rank, ctx.world_size  # processes reading different shards
         self.replicas = strategy.num_replicas_in_sync if strategy else 1
@@ -240,8 +244,7 @@ class TFEngine(Engine):
 
 
 def _bytes(variables) -> int:
-    import keras
-    import numpy as np
+    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
     return sum(math.prod(v.shape) * np.dtype(keras.backend.standardize_dtype(v.dtype)).itemsize for v in variables)
 
 
@@ -296,10 +299,9 @@ def evaluate_due(recipe, epoch: int) -> bool:
 def _start(recipe, ctx, make_strategy, cpu_devices: int, clip: float | None = None):
     """TensorFlow, the strategy (created first: MultiWorkerMirroredStrategy must precede any op),
     then the seeds, then the model and optimizer (Keras clipping by ``clip``) inside the strategy's scope."""
-    import torch
     check_keys(recipe)  # as validation did: a recipe built without it still cannot run what Keras ignores
     tf = start_tf(torch.get_num_threads(), cpu_devices)
-    import keras
+    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
     strategy = make_strategy(tf)
     if clip is not None and strategy is not None:
         raise SuiteError(f"strategy.name={recipe.strategy.name}: Keras would clip each replica's gradients, "

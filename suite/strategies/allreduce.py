@@ -50,10 +50,10 @@ class MpiAllReduceEngine(AllReduceEngine):
 
     def __init__(self, setup, module):
         super().__init__(setup, module)
-        from suite.common import mpi
+        from suite.common import mpi  # start-up: loads suite.common only when this runs
 
         self._comm = mpi.world("strategy.transport=mpi", setup.ctx.rank, setup.ctx.world_size)  # or why not
-        from mpi4py import MPI
+        from mpi4py import MPI  # start-up: loads mpi4py only when this runs
         self._in_place = MPI.IN_PLACE
         self._flat = None  # host buffer; sized at the first step (which gradients exist)
 

@@ -12,6 +12,7 @@ from suite.strategies.layout import Axis, ModelInfo, Layout
 from suite.strategies import clip
 from suite.strategies.costs import Overlap, StepSizes
 from suite.strategies.engine import Engine, StepResult, StepSums
+from suite.record.metrics import optimizer_state_bytes, tensor_bytes
 
 
 class StrategyOptions(BaseModel):
@@ -183,11 +184,9 @@ class ModuleEngine(Engine):
         return list(self.module.parameters())
 
     def gradient_bytes(self) -> int:
-        from suite.record.metrics import tensor_bytes
         return tensor_bytes(p.grad for p in self.module.parameters() if p.grad is not None)
 
     def held_bytes(self) -> dict:
-        from suite.record.metrics import optimizer_state_bytes, tensor_bytes
         return {"parameters": tensor_bytes(self.parameters()),
                 "gradients": self._gradient_bytes,
                 "optimizer_state": optimizer_state_bytes(self.optimizer)}

@@ -62,6 +62,7 @@ class Setup:
         if not (self.sync_batchnorm and self.layout.dp_size > 1):
             return None
         if not hasattr(self, "_batchnorm_group"):
+            # start-up: loads suite.strategies only when this runs
             from suite.strategies.batchnorm import data_parallel_group
             self._batchnorm_group = data_parallel_group(self.layout, self.ctx.rank)
         return self._batchnorm_group

@@ -21,6 +21,7 @@ from suite.record.metrics import optimizer_state_bytes
 from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
+from torch.nn.parallel import DistributedDataParallel
 
 
 class Options(StrategyOptions):
@@ -83,7 +84,7 @@ class OSSEngine(ModuleEngine):
 def sharded_optimizer(setup, params):
     """fairscale OSS around the recipe's optimizer: OSS wants the class and its settings, so
     read them from the optimizer the recipe would build."""
-    from fairscale.optim import OSS
+    from fairscale.optim import OSS  # start-up: loads torch, fairscale only when this runs
 
     probe = setup.make_optimizer([torch.nn.Parameter(torch.zeros(1))])
     # Only the settings the class takes: torch's AdamW records ``decoupled_weight_decay`` in its
@@ -93,7 +94,6 @@ def sharded_optimizer(setup, params):
 
 
 def build(opts: Options, setup) -> OSSEngine:
-    from torch.nn.parallel import DistributedDataParallel
 
     ctx = setup.ctx
     model = setup.prepare(setup.build_model().to(ctx.device))
@@ -101,6 +101,7 @@ def build(opts: Options, setup) -> OSSEngine:
         module = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         optimizer = sharded_optimizer(setup, module.parameters())
     else:
+        # start-up: loads torch, fairscale only when this runs
         from fairscale.nn.data_parallel import ShardedDataParallel
         optimizer = sharded_optimizer(setup, model.parameters())
         module = ShardedDataParallel(model, optimizer)

@@ -89,7 +89,7 @@ class FSDPEngine(ModuleEngine):
 
 def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) -> torch.nn.Module:
     """Shard each top-level block, then the root (which takes whatever is left)."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
 
     for block in model.children():
         if any(p.requires_grad for p in block.parameters()):
@@ -102,7 +102,7 @@ def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) 
 
 
 def mixed_precision_policy(name: str):
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # start-up: loads torch only when this runs
 
     if name == "bf16":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

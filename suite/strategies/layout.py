@@ -106,6 +106,8 @@ class Layout:
     def device_mesh(self, ctx, *names: str):
         """A DeviceMesh over all ranks with the named axes (default: all); the ones left out
         must have degree 1."""
+        # late: looked up at each call, since the planner's fake run replaces it
+        # (suite.compat.torch.fake_friendly); start-up: keeps torch out of this module's import
         from torch.distributed.device_mesh import init_device_mesh
 
         names = names or tuple(self.axes)

@@ -29,6 +29,9 @@ import torch.distributed as dist
 from suite.common.errors import SuiteError
 from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
+from torch.distributed import rpc
+from suite.common.ports import free_port
+from suite.record.metrics import optimizer_state_bytes, tensor_bytes
 
 _SERVER_RANK = 0
 _RPC_TIMEOUT_S = 60  # a push or pull to a server gone silent fails after this long
@@ -142,7 +145,6 @@ class ParamServerEngine(ModuleEngine):
         if self.server is not None:
             self._version = self.server.pull_into(replica)
         else:
-            from torch.distributed import rpc
 
             self._version, fresh = rpc.rpc_sync(_server_name(), _remote_pull, timeout=_RPC_TIMEOUT_S)
             with torch.no_grad():
@@ -156,7 +158,6 @@ class ParamServerEngine(ModuleEngine):
         lr = self.lr_group["lr"]
         if self.server is not None:
             return self.server.push(grads, self._version, lr)
-        from torch.distributed import rpc
 
         grads = [g.cpu() for g in grads]  # through host memory: RPC needs no device map
         return rpc.rpc_sync(_server_name(), _remote_push, args=(grads, self._version, lr), timeout=_RPC_TIMEOUT_S)
@@ -186,7 +187,6 @@ class ParamServerEngine(ModuleEngine):
         return [self.lr_group]
 
     def held_bytes(self) -> dict:
-        from suite.record.metrics import optimizer_state_bytes, tensor_bytes
         held = {"parameters": tensor_bytes(self.parameters()), "gradients": self._gradient_bytes,
                 "optimizer_state": 0}
         if self.server is not None:
@@ -227,7 +227,6 @@ class ParamServerEngine(ModuleEngine):
     def _shutdown(self, graceful: bool) -> None:
         global _server
         if self.rpc_started:
-            from torch.distributed import rpc
 
             self.rpc_started = False
             # Graceful waits until every rank has reached here (outstanding pushes answered);
@@ -242,9 +241,7 @@ def _server_name() -> str:
 
 def _start_rpc(ctx) -> None:
     """Join the RPC group beside the process group: its own port, chosen by rank 0 and sent to all."""
-    from torch.distributed import rpc
 
-    from suite.common.ports import free_port
 
     box = [free_port() if ctx.is_main else None]
     dist.broadcast_object_list(box, src=0)

@@ -177,6 +177,7 @@ class PipelineStageEngine(ModuleEngine):
 
 
 def build(opts: Options, setup) -> PipelineStageEngine:
+    # start-up: loads torch, numpy only when this runs
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
     ctx, layout = setup.ctx, setup.layout
@@ -199,7 +200,7 @@ def build(opts: Options, setup) -> PipelineStageEngine:
 
 def _data_parallel(module, dp_mesh, mode: str) -> None:
     if mode == "fully_shard":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
         fully_shard(module, mesh=dp_mesh)
     else:
         torch_compat.replicate(module, dp_mesh)

@@ -24,6 +24,7 @@ from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
 from suite.strategies import costs, fsdp
 from suite.strategies.base import ModuleEngine, StrategyOptions
+from suite.models.transformer import Block
 
 
 def _require_divisible(what: str, value: int, tp: int) -> None:
@@ -35,6 +36,7 @@ def _require_divisible(what: str, value: int, tp: int) -> None:
 def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
     """Linear layers in pairs: column-wise then row-wise (the ReLU between acts on slices).
     An unpaired last layer (the classifier) stays replicated."""
+    # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -48,9 +50,9 @@ def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
 def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
     """Per block: attention q/k/v column-wise (each rank computes heads/tp whole heads) and out
     row-wise; MLP up column-wise, down row-wise. Embedding and head stay replicated."""
+    # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from suite.models.transformer import Block
 
     layout = {}
     for index, block in model.named_children():
@@ -104,7 +106,7 @@ class Options(StrategyOptions):
 
 
 def build(opts: Options, setup) -> ModuleEngine:
-    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module  # start-up: loads torch only when this runs
 
     ctx = setup.ctx
     mesh = setup.layout.device_mesh(ctx)

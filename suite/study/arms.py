@@ -42,7 +42,7 @@ def split(path) -> tuple[dict, dict]:
         raise SuiteError(f"repeats={repeats!r} must be a whole number >= 1")
     if "reference" not in study:
         raise SuiteError(f"study {path}: reference is required (the published figures per arm)")
-    from analysis.study import baselines, check_reference
+    from analysis.study import baselines, check_reference  # start-up: loads analysis only when this runs
 
     baselines(arms, study.get("baseline"))
     check_reference(study["reference"], arms)
@@ -59,7 +59,7 @@ def _apply(raw: dict, overrides: dict) -> None:
 def arm_recipes(raw: dict, study: dict, profile: str, repeats: int, overrides=()) -> dict[str, dict]:
     """arm -> its recipe: the study's recipe, then the profile, the arm with its own profile's overrides
     (those win), the command line; repeats as a seed sweep."""
-    from analysis.study import ARM_KEYS
+    from analysis.study import ARM_KEYS  # start-up: loads analysis only when this runs
 
     if profile not in study["profiles"]:
         known = ", ".join(study["profiles"]) or "none"

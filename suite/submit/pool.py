@@ -36,6 +36,7 @@ from suite.record import run_record
 from suite.common.ports import free_port
 from suite.submit import launch
 from suite.tasks.pool import PoolTask
+from suite.recipe.text import raw_points
 
 _POLL_S = 0.01
 # Executor settings a pool is started with; a point runs in a pool only if its own are the same.
@@ -129,7 +130,6 @@ def prestart(recipe_path: str, overrides: list[str], out: Path) -> Pool | None:
     that the ranks warm up while the recipe is checked. None when the text does not say local
     (or cannot be read: the checks will say why). A guess, never trusted: each point is checked
     against the pool (``Pool.takes``) and a wrong guess only costs the warm start."""
-    from suite.recipe.text import raw_points
 
     try:
         points = raw_points(recipe_path, overrides)

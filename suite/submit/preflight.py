@@ -30,17 +30,17 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
         for launch in {r.launch.model_dump_json(): r.launch for r in points}.values():
             check_slurm(launch, node)
     if points[0].launch.executor == "mpi":
-        from suite.submit import mpi
+        from suite.submit import mpi  # start-up: loads suite.compat, suite.submit only when this runs
 
         mpi.mpirun_path()
     if slurm and points[0].launch.mpi:
-        from suite.submit import mpi
+        from suite.submit import mpi  # start-up: loads suite.compat, suite.submit only when this runs
 
         mpi.check_srun_pmix()
     estimates, warned = [], set()
     for r in points:
         if getattr(r.strategy, "transport", None) == "mpi":
-            from suite.submit import mpi
+            from suite.submit import mpi  # start-up: loads suite.compat, suite.submit only when this runs
 
             mpi.check_mpi4py("strategy.transport=mpi")
         r.data.check_available()
@@ -101,7 +101,7 @@ def rank_has_gpu(launch) -> bool:
     """Will a rank see a GPU? Local and debug ranks run here; a Slurm rank gets the GPUs it asks for."""
     if launch.executor == "slurm":
         return launch.gpus_per_node > 0
-    import torch
+    import torch  # start-up: loads torch, numpy only when this runs
 
     return torch.cuda.is_available()
 
@@ -135,6 +135,7 @@ def check_batch_fits_data(recipe) -> None:
 def check_targets(recipe) -> None:
     """A segmentation model trains against masks (a class id per pixel), every other model against
     one label per sample (an autoencoder against its input: any data)."""
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import source
 
     task, targets = recipe.model.task, recipe.data.target_kind()
@@ -149,7 +150,7 @@ def check_targets(recipe) -> None:
 def estimate(recipe) -> dict:
     """``suite.planner.memory.predicted_held_bytes`` (the model built on the meta device) plus the data's
     bytes; a model that cannot be built for this data is a SuiteError naming both."""
-    from suite.planner.memory import predicted_held_bytes
+    from suite.planner.memory import predicted_held_bytes  # start-up: loads suite.planner only when this runs
 
     try:
         est = predicted_held_bytes(recipe)
@@ -180,7 +181,7 @@ class _Node:
     @classmethod
     def of(cls, launch) -> "_Node":
         if launch.executor != "slurm":
-            import psutil
+            import psutil  # start-up: loads psutil only when this runs
 
             return cls(psutil.virtual_memory().total, len(os.sched_getaffinity(0)), "this machine")
         if not shutil.which("sinfo"):

@@ -100,6 +100,7 @@ def train(recipe, run_dir=None, out="runs", watcher_pid: int | None = None):
     # start-up: the submitting side imports this module for TrainTask; the rank's code (torch, the
     # strategies) and the planner load only where a rank runs.
     from suite.planner.predict import prediction
+    # start-up: loads torch, psutil, suite.common, suite.compat, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train import rank
 
     return rank.run(recipe, run_dir, out, watcher_pid=watcher_pid, predict=prediction)

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from suite.common.errors import SuiteError
 from suite.record import run_record
+import signal
+import numpy as np
 
 
 folder = run_record.checkpoint_folder
@@ -92,14 +94,12 @@ def _maybe_die_while_saving(rank: int, step: int) -> None:
     RANK:STEP:disk-full raises ENOSPC there (a disk that fills during the save)."""
     spec = os.environ.get("SCALESUITE_FAIL_AT", "")
     if spec == f"{rank}:{step}:kill-in-save":
-        import signal
         os.kill(os.getpid(), signal.SIGKILL)
     if spec == f"{rank}:{step}:disk-full":  # the disk fills as this save is written
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _rng_state() -> dict:
-    import numpy as np
 
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -108,7 +108,6 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
-    import numpy as np
 
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])

@@ -77,6 +77,7 @@ def _precision(recipe) -> tuple[str, str]:
 
 def _short(recipe, steps: int, precision: str) -> dict:
     """The recipe as a plain dict, cut to ``steps`` steps without evaluation or periodic checkpoints."""
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
 
     raw = yaml.safe_load(recipes.dump(recipe))
@@ -121,6 +122,7 @@ def _run(role: str, raw: dict, out: Path, progress) -> str:
 
 
 def _losses(run_dir: Path) -> list[float]:
+    # start-up: loads pydantic, suite.record only when this runs
     from suite.record.run_record import latest_per_key, read_metrics
 
     steps = latest_per_key(read_metrics(run_dir, kind="step", rank=0), "step")
