@@ -135,7 +135,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
         points = time_collectives(kinds, message_sizes, ctx.world_size, ctx.rank, progress)
         hosts = [None] * ctx.world_size
         dist.all_gather_object(hosts, socket.gethostname())
-        import torch  # optional: torch is imported only where it is used
+        import torch  # start-up: torch loads on the ranks only
 
         return {"points": points, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None

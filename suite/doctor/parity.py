@@ -32,7 +32,7 @@ def recipe_for(strategy: dict, world: int, device: str) -> dict:
 def certify_function():
     """``suite.verify.certify``, or None where this installation does not have it."""
     try:
-        from suite.verify import certify  # optional: suite.verify is imported only where it is used
+        from suite.verify import certify  # optional: an installation may lack suite.verify
     except ModuleNotFoundError as e:
         if e.name != "suite.verify":
             raise  # suite.verify is there but something it imports is not: that is a finding, not a skip

@@ -78,7 +78,7 @@ def cpu() -> dict:
 
 def _probe_gpus(conn) -> None:
     try:
-        import torch  # optional: torch is imported only where it is used
+        import torch  # start-up: torch loads in this probe only
 
         gpus = [{"index": i, "name": torch.cuda.get_device_properties(i).name,
                  "memory_bytes": torch.cuda.get_device_properties(i).total_memory}

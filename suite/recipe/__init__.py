@@ -23,6 +23,9 @@ from suite.strategies.layout import ModelInfo, Layout, build as build_layout
 from suite.recipe.text import (NAME_KEYS, apply_override, check_name, check_plain, expand_sweep, named_targets,  # noqa: F401
                                raw_points, read, set_path, shown)
 from suite.strategies import STRATEGIES, keys as strategy_keys
+from suite.models import source
+import torch
+from suite.models import build as build_model
 
 
 def _union(options_classes):
@@ -151,12 +154,9 @@ class Recipe(Strict):
 
     def model_info(self) -> ModelInfo:
         """What strategies' checks may know of the model: name, task, and its meta-device build."""
-        from suite.models import source
 
         def build_meta():
-            import torch
 
-            from suite.models import build as build_model
 
             with torch.device("meta"):  # shapes only: no memory, no initialisation cost
                 return build_model(self.model, self.data.spec())

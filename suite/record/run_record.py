@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+import socket
+import shutil
 
 SCHEMA_VERSION = 1
 STATUSES = ("running", "completed", "failed", "cancelled", "preempted")
@@ -227,7 +229,6 @@ def read_job(run_dir: Path) -> dict:
 def record_rank_process(run_dir: Path, rank: int) -> None:
     """``ranks/rank<N>.json``: where this rank's process runs, so that a rank that dies without a
     word (killed, out of memory) can be noticed by the follower and by ``suite.status``."""
-    import socket
 
     folder = Path(run_dir) / "ranks"
     folder.mkdir(exist_ok=True)
@@ -339,7 +340,6 @@ def truncate_metrics(run_dir: Path, size_bytes: int) -> None:
 def archive_errors(run_dir: Path) -> None:
     """Move the error records of an earlier attempt aside (``errors/attempt-<time>/``), and drop
     its rank process records, so that a resumed run is not taken for failed by the follower."""
-    import shutil
 
     shutil.rmtree(Path(run_dir) / "ranks", ignore_errors=True)
     errors = Path(run_dir) / "errors"

@@ -31,6 +31,9 @@ from suite.common.processes import alive
 from suite.compat import submitit as submitit_compat
 from suite.record import run_record
 from suite.tasks import train as train_task
+import select
+from suite.strategies import STRATEGIES
+from suite.strategies import import_early
 
 _POLL_S = 0.01
 
@@ -54,7 +57,6 @@ class PoolTask(submitit.helpers.Checkpointable):
         run_record.write_json_atomic(points / "rank0.pid", os.getpid())
         train_task.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
-        from suite.strategies import import_early
 
         warm = import_early(self.strategies)  # a failing one: the point's own import fails, in its run folder
         print(f"warm after {time.time() - started:.1f} s (suite.train.rank, {', '.join(warm) or 'nothing else'})",
@@ -182,7 +184,6 @@ def wait_for_exit(pid: int) -> None:
     (Linux 5.3+) becomes readable when it exits, and a signal's handler still runs while we wait
     (select is resumed after it, PEP 475). Elsewhere, polls every 0.5 s (a stand-in that polled
     every 50 ms took about 1 % of a core from the ranks it waits for)."""
-    import select
 
     try:
         fd = os.pidfd_open(pid)
@@ -230,6 +231,5 @@ def _reset_peak_memory() -> None:
 def _options(strategy: str):
     """The options class of a strategy (its class-level declarations: ``warm_imports``,
     ``reusable_process``); the per-rank side, so importing the strategies costs nothing more here."""
-    from suite.strategies import STRATEGIES
 
     return STRATEGIES[strategy].Options
