@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # Tests that do not test tracking run with W&B disabled; one thread per rank on 2 cores.
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -14,3 +16,26 @@ def pytest_report_header(config):
     got = torch.backends.cpu.get_cpu_capability()
     asked = os.environ.get("ATEN_CPU_CAPABILITY")
     return f"torch CPU kernel set: {got}" + (f" (ATEN_CPU_CAPABILITY={asked})" if asked else " (the CPU's own)")
+
+
+@pytest.fixture(scope="session")
+def baseline_of(tmp_path_factory):
+    """single's run of a recipe, once per test session (tests/parity.py's ``Baselines``):
+    ``baseline_of(make_recipe({"name": "single"}, **sections))`` runs it the first time any module
+    asks and hands every later one the same ``Baseline``: ``.losses``, ``.run_dir``, ``.summary``.
+    The recipe must be single on one process: a strategy is compared against one process, never
+    against a run of itself."""
+    from tests.parity import Baselines
+
+    return Baselines(lambda: tmp_path_factory.mktemp("single"))
+
+
+@pytest.fixture
+def baseline(baseline_of):
+    """The baseline most parity tests compare against: the per-step losses of single on
+    tests/parity.py's BASE recipe in float64, run once per session. A module whose baseline is
+    another recipe, or that needs more of the run (its summary, its folder), overrides this with
+    its own fixture built from ``baseline_of``."""
+    from tests.parity import make_recipe
+
+    return baseline_of(make_recipe({"name": "single"})).losses

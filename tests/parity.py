@@ -10,17 +10,23 @@ weights; TensorFlow's strategies train in float32) and only for models where it 
 every kernel set (the parity runs of tests/run_kernel_sets.sh check that)."""
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from suite import recipe as recipes
 from suite.tasks import train as rank_task
 from suite.train import rank as train_rank
-from suite.record.run_record import read_metrics
+from suite.record.run_record import read_json, read_metrics
 from tests.harness import run_ranks
 
 TOLERANCE = 1e-10  # fp64, absolute, per step
 FP32_TOLERANCE = 1e-5  # fp32, absolute, per step: only where it holds under every CPU kernel set
+# The strategies that split the model over devices in one process (layer_split, fairscale_pipe) at world
+# size 1, or under DDP at world size 2: make_recipe(strategy, world_size, **TWO_DEVICES).
+TWO_DEVICES = {"launch": {"devices_per_task": 2}}
 
 BASE = {
     "name": "parity",
@@ -64,6 +70,47 @@ def step_losses(recipe, run_dir: Path, timeout_s: float = 240) -> list[float]:
     run_ranks(rank_task.train, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
     steps = read_metrics(run_dir, kind="step", rank=0)
     return [s["global_loss"] for s in sorted(steps, key=lambda s: s["step"])]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One run of ``single`` on one process: its per-step global losses and its run folder
+    (summary.json, the step and epoch records, checkpoints when the recipe asks for them)."""
+    run_dir: Path
+    steps: tuple[float, ...]
+
+    @property
+    def losses(self) -> list[float]:
+        """The per-step losses, as ``step_losses`` returns them: a new list each time, so that no
+        test can change the baseline another test compares against."""
+        return list(self.steps)
+
+    @property
+    def summary(self) -> dict:
+        return read_json(self.run_dir / "summary.json")
+
+
+class Baselines:
+    """The single-process baselines of a test session, each run once: ``baselines(recipe)`` runs
+    ``recipe`` (strategy single, world size 1) the first time any module asks for it and hands the
+    same :class:`Baseline` to every later one. Keyed by what decides the run: the recipe's
+    fingerprint, and the launch and tracking sections it leaves out (they decide the run folder's
+    contents). tests/conftest.py makes one per session (the ``baseline_of`` fixture)."""
+
+    def __init__(self, make_dir: Callable[[], Path]):
+        self._make_dir = make_dir
+        self._runs: dict[str, Baseline] = {}
+
+    def __call__(self, recipe: recipes.Recipe) -> Baseline:
+        if recipe.strategy.name != "single" or recipe.world_size != 1:
+            raise ValueError(f"a baseline is strategy single on one process, not strategy {recipe.strategy.name} "
+                             f"on {recipe.world_size}: make_recipe({{'name': 'single'}}, ...)")
+        key = json.dumps([recipe.fingerprint(), recipe.launch.model_dump(mode="json"),
+                          recipe.tracking.model_dump(mode="json")], sort_keys=True)
+        if key not in self._runs:
+            run_dir = self._make_dir()
+            self._runs[key] = Baseline(run_dir, tuple(step_losses(recipe, run_dir)))
+        return self._runs[key]
 
 
 def assert_matches(losses: list[float], baseline: list[float], tolerance: float = TOLERANCE, learns: bool = True) -> None:

@@ -67,10 +67,9 @@ def test_flip_alone_mirrors_about_half_and_keeps_the_rest():
     assert bool((mirrored ^ kept).all()) and 10 <= int(mirrored.sum()) <= 30
 
 
-@pytest.fixture(scope="module")
-def augmented_single(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}, data=AUGMENTED, training=TWO_EPOCHS),
-                       tmp_path_factory.mktemp("single-augmented"))
+@pytest.fixture
+def augmented_single(baseline_of):
+    return baseline_of(make_recipe({"name": "single"}, data=AUGMENTED, training=TWO_EPOCHS)).losses
 
 
 def test_augmentation_changes_what_single_trains_on(augmented_single, tmp_path):

@@ -64,9 +64,9 @@ def test_the_example_recipe_runs_end_to_end_through_submit(tmp_path):
     assert (summary["model"], summary["data"], summary["world_size"], summary["steps"]) == ("custom", "custom", 2, 6)
 
 
-def test_a_custom_model_under_ddp_matches_the_single_process_baseline(tmp_path):
+def test_a_custom_model_under_ddp_matches_the_single_process_baseline(baseline_of, tmp_path):
     sections = {"model": MODEL, "data": DATA}
-    baseline = step_losses(make_recipe({"name": "single"}, 1, **sections), tmp_path / "single")
+    baseline = baseline_of(make_recipe({"name": "single"}, 1, **sections)).losses
     assert_matches(step_losses(make_recipe({"name": "ddp"}, 2, **sections), tmp_path / "ddp"), baseline)
 
 

@@ -146,6 +146,12 @@ def _run(tmp_path, name, strategy, world, model):
     return losses, read_summary(tmp_path / name)["final"]
 
 
+def _single(baseline_of, model):
+    """``_run`` for single on one process, run once per session (tests/conftest.py's baseline_of)."""
+    single = baseline_of(make_recipe({"name": "single"}, 1, model=model, **SEG))
+    return single.losses, read_summary(single.run_dir)["final"]
+
+
 @pytest.mark.parametrize("model, strategy, world", [
     (UNET, {"name": "ddp"}, 2),  # UNet has no batch norm: data parallel must match exactly
     ({**SEGNET, "batch_norm": False}, {"name": "ddp"}, 2),  # SegNet's unpooling under DDP
@@ -154,8 +160,8 @@ def _run(tmp_path, name, strategy, world, model):
     # indices) and decoder block (two inputs) in its hooks.
     (SEGNET, {"name": "fsdp"}, 1)])
 @pytest.mark.parity
-def test_training_matches_single_process(model, strategy, world, tmp_path):
-    base, base_final = _run(tmp_path, "single", {"name": "single"}, 1, model)
+def test_training_matches_single_process(model, strategy, world, baseline_of, tmp_path):
+    base, base_final = _single(baseline_of, model)
     losses, final = _run(tmp_path, strategy["name"], strategy, world, model)
     assert_matches(losses, base)
     # Evaluation of both ranks' halves of the validation set gives one process's numbers (after 8
@@ -165,10 +171,10 @@ def test_training_matches_single_process(model, strategy, world, tmp_path):
 
 
 @pytest.mark.parity
-def test_segnet_with_per_rank_batch_norm_under_ddp_computes_per_rank_statistics(tmp_path):
+def test_segnet_with_per_rank_batch_norm_under_ddp_computes_per_rank_statistics(baseline_of, tmp_path):
     """Unsynced (training.sync_batchnorm: false), DDP normalises with each rank's statistics:
     shown by computing what that must equal (tests/parity.py), and how far it is from single."""
-    base, _ = _run(tmp_path, "single", {"name": "single"}, 1, SEGNET)
+    base, _ = _single(baseline_of, SEGNET)
     recipe = make_recipe({"name": "ddp"}, 2, model=SEGNET, **{**SEG, "training": {**SEG["training"], "sync_batchnorm": False}})
     expected = per_rank_batchnorm_losses(recipe)
     assert_matches(step_losses(recipe, tmp_path / "ddp"), expected)

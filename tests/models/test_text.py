@@ -190,10 +190,9 @@ def test_seq2seq_learns_to_reverse_well_below_chance_and_reports_perplexity(tmp_
 PARITY = {**BASE["training"], "max_steps": 10, "batch_size": 32, "log_every_steps": 5}
 
 
-@pytest.fixture(scope="module")
-def baselines(tmp_path_factory):
-    return {name: step_losses(make_recipe({"name": "single"}, **sections, training=PARITY),
-                              tmp_path_factory.mktemp(f"single-{name}"))
+@pytest.fixture
+def baselines(baseline_of):
+    return {name: baseline_of(make_recipe({"name": "single"}, **sections, training=PARITY)).losses
             for name, sections in (("nbow", SENTIMENT), ("seq2seq", REVERSE))}
 
 
@@ -203,22 +202,22 @@ def baselines(tmp_path_factory):
                                       {"name": "zero", "stage": 2}])
 @pytest.mark.parametrize("model", ["nbow", "seq2seq"])
 @pytest.mark.parity
-def test_data_parallel_and_sharding_match_one_process(model, strategy, baselines, tmp_path):
+def test_data_parallel_and_sharding_match_one_process(model, strategy, baselines, baseline_of, tmp_path):
     sections = SENTIMENT if model == "nbow" else REVERSE
     recipe = make_recipe(strategy, world_size=2, **sections, training=PARITY)
     if recipe.training.precision == "fp64":
         baseline = baselines[model]
     else:  # DeepSpeed cannot train in float64: single in float32 too
         single = make_recipe({"name": "single"}, **sections, training=PARITY, precision="fp32")
-        baseline = step_losses(single, tmp_path / "single")
+        baseline = baseline_of(single).losses
     assert_matches(step_losses(recipe, tmp_path / "run"), baseline, tolerance(recipe))
 
 
-def test_seq2seq_split_between_encoder_and_decoder_matches_one_process_even_with_dropout(tmp_path):
+def test_seq2seq_split_between_encoder_and_decoder_matches_one_process_even_with_dropout(baseline_of, tmp_path):
     """layer_split runs every block in one process in the same order, so dropout draws the same
     masks as the baseline: the comparison holds with the published dropout 0.5."""
     sections = {**REVERSE, "model": {**REVERSE["model"], "dropout": 0.5}}
-    baseline = step_losses(make_recipe({"name": "single"}, **sections, training=PARITY), tmp_path / "single")
+    baseline = baseline_of(make_recipe({"name": "single"}, **sections, training=PARITY)).losses
     for split_at in ([1], [2]):
         recipe = make_recipe({"name": "layer_split", "split_at": split_at}, launch={"devices_per_task": 2},
                              **sections, training=PARITY)
@@ -232,11 +231,11 @@ def test_seq2seq_in_two_pipeline_stages_matches_one_process(baselines, tmp_path)
     assert_matches(step_losses(recipe, tmp_path), baselines["seq2seq"])
 
 
-def test_the_comparison_catches_ddp_ranks_drawing_their_own_dropout_masks(tmp_path):
+def test_the_comparison_catches_ddp_ranks_drawing_their_own_dropout_masks(baseline_of, tmp_path):
     """Why the data-parallel runs above use dropout 0: with 0.5 each rank draws its masks for its
     half of the batch, the losses leave the baseline's (measured: 3e-3 by step 6), and the check fails."""
     sections = {**REVERSE, "model": {**REVERSE["model"], "dropout": 0.5}}
-    baseline = step_losses(make_recipe({"name": "single"}, **sections, training=PARITY), tmp_path / "single")
+    baseline = baseline_of(make_recipe({"name": "single"}, **sections, training=PARITY)).losses
     losses = step_losses(make_recipe({"name": "ddp"}, world_size=2, **sections, training=PARITY), tmp_path / "ddp")
     with pytest.raises(AssertionError, match="differ from the baseline"):
         assert_matches(losses, baseline)

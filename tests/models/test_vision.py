@@ -7,7 +7,7 @@ import torch
 
 from suite.data import DataSpec
 from suite.models import MODELS, build
-from tests.parity import BASE, assert_matches, make_recipe, per_rank_batchnorm_losses, step_losses
+from tests.parity import BASE, TWO_DEVICES, assert_matches, make_recipe, per_rank_batchnorm_losses, step_losses
 
 SMALL = {"resnet18": {"width": 0.125}, "mobilenet_v2": {"width": 0.25, "dropout": 0.0}}
 IMAGES = {"name": "synthetic", "shape": [3, 32, 32], "classes": 10, "n_train": 128, "n_val": 32}
@@ -16,7 +16,6 @@ TRAINING = {**BASE["training"], "max_steps": 6, "batch_size": 16, "log_every_ste
 # lr 0.05 is unstable here (losses rise): by step 5 two float32 orderings of the same sums part by
 # 1e-4 in the early convs' weights (batch norm hides it from the losses); at 0.01 they stay 1e-7 apart.
 OPTIMIZER = {"name": "sgd", "lr": 0.01, "momentum": 0.9}
-TWO_DEVICES = {"launch": {"devices_per_task": 2}}
 # MobileNetV2 (batch norm at batch 16, 6 steps) does not yet learn here at any lr tried
 # (0.001-0.3, SGD or Adam): its losses move by 0.05-0.2 without falling. Its comparisons still
 # move and still tell per-rank from synced batch norm apart (>1e-3 against 1e-10).
@@ -94,13 +93,13 @@ def test_mlp_dropout_out_of_range_is_one_line():
 
 # ---- parity with single --------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def baselines(tmp_path_factory):
+@pytest.fixture
+def baselines(baseline_of):
     """Per model: (step losses, batch-norm running statistics at the end) of the single-process run."""
     out = {}
     for model in SMALL:
-        run_dir = tmp_path_factory.mktemp(f"single-{model}")
-        out[model] = step_losses(_recipe(model, {"name": "single"}), run_dir), _running_stats(run_dir)
+        single = baseline_of(_recipe(model, {"name": "single"}))
+        out[model] = single.losses, _running_stats(single.run_dir)
     return out
 
 
@@ -148,13 +147,13 @@ def test_ddp_with_per_rank_batchnorm_computes_per_rank_statistics_not_single_pro
 
 
 @pytest.mark.parity
-def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_it(tmp_path):
+def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_it(baseline_of, tmp_path):
     """Each accumulation step normalises by its own samples, in single as under ddp; the
     DistributedSampler interleaves ranks (rank r reads positions r, r+2, ...), so the first 4 of
     each rank's 8 samples are positions 0-7 of single's 16, single's first accumulation chunk.
     (The baseline must accumulate too: with batch norm it computes another function.)"""
     accumulate = {**TRAINING, "grad_accumulation": 2}
-    baseline = step_losses(_recipe("resnet18", {"name": "single"}, training=accumulate), tmp_path / "single")
+    baseline = baseline_of(_recipe("resnet18", {"name": "single"}, training=accumulate)).losses
     recipe = _recipe("resnet18", {"name": "ddp"}, world_size=2, training=accumulate)
     assert_matches(step_losses(recipe, tmp_path / "ddp"), baseline)
 
@@ -169,7 +168,7 @@ def test_other_data_parallel_strategies_with_synced_batchnorm_match_single_proce
 
 
 @pytest.mark.parity
-def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(tmp_path):
+def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(baseline_of, tmp_path):
     """DeepSpeed keeps float32 master weights, so ZeRO is compared in float32, against the floor
     suite.verify uses: single again with its weights nudged by a few rounding errors. A fixed
     float32 tolerance would hold on one CPU's kernels and not on the next."""
@@ -177,7 +176,7 @@ def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(tmp_path)
     from suite.verify.certificate import NUDGE_ULPS, UNIT_ROUNDOFF
 
     fp32 = {**TRAINING, "precision": "fp32"}
-    single = step_losses(_recipe("resnet18", {"name": "single"}, training=fp32), tmp_path / "single")
+    single = baseline_of(_recipe("resnet18", {"name": "single"}, training=fp32)).losses
     nudged = {**fp32, "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF["fp32"]}
     floor = step_losses(_recipe("resnet18", {"name": "single"}, training=nudged), tmp_path / "floor")
     zero = step_losses(_recipe("resnet18", {"name": "zero", "stage": 2}, world_size=2, training=fp32), tmp_path / "zero")
@@ -234,9 +233,9 @@ def test_mlp_with_dropout_learns(tmp_path):
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
 
 
-def test_mlp_with_dropout_under_layer_split_matches_single_process(tmp_path):
+def test_mlp_with_dropout_under_layer_split_matches_single_process(baseline_of, tmp_path):
     """One process draws the same dropout masks in the same order; data-parallel ranks each
     draw their own, so ddp with dropout cannot repeat single's steps (docs/models.md)."""
-    baseline = step_losses(make_recipe({"name": "single"}, **KERAS), tmp_path / "single")
+    baseline = baseline_of(make_recipe({"name": "single"}, **KERAS)).losses
     recipe = make_recipe({"name": "layer_split"}, **KERAS, **TWO_DEVICES)
     assert_matches(step_losses(recipe, tmp_path / "split"), baseline)

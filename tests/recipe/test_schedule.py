@@ -47,24 +47,23 @@ def test_lr_at_chosen_steps_equals_the_closed_form(schedule, steps_per_epoch, to
         assert lr_at(s, 0.2, step, steps_per_epoch, total) == pytest.approx(lr, rel=1e-12, abs=1e-15), step
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
+@pytest.fixture
+def baseline(baseline_of):
     """single with the step schedule: losses, and each step's lr as recorded."""
-    run_dir = tmp_path_factory.mktemp("single-step")
-    losses = step_losses(make_recipe({"name": "single"}, optimizer=scheduled()), run_dir)
-    return losses, run_dir
+    single = baseline_of(make_recipe({"name": "single"}, optimizer=scheduled()))
+    return single.losses, single.run_dir
 
 
-@pytest.fixture(scope="module")
-def baseline_fp32(tmp_path_factory):
+@pytest.fixture
+def baseline_fp32(baseline_of):
     """The same in float32, for DeepSpeed, which cannot train in float64."""
-    run_dir = tmp_path_factory.mktemp("single-step-fp32")
-    return step_losses(make_recipe({"name": "single"}, optimizer=scheduled(), precision="fp32"), run_dir), run_dir
+    single = baseline_of(make_recipe({"name": "single"}, optimizer=scheduled(), precision="fp32"))
+    return single.losses, single.run_dir
 
 
-def test_the_schedule_changes_training_and_its_lr_is_recorded(baseline, tmp_path):
+def test_the_schedule_changes_training_and_its_lr_is_recorded(baseline, baseline_of):
     """Without this, parity under a schedule could hold with the lr never applied anywhere."""
-    constant = step_losses(make_recipe({"name": "single"}), tmp_path)
+    constant = baseline_of(make_recipe({"name": "single"})).losses
     losses, run_dir = baseline
     assert max(abs(a - b) for a, b in zip(losses, constant)) > 100 * FP32_TOLERANCE
     steps = sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda r: r["step"])

@@ -95,9 +95,8 @@ def test_param_server_applies_or_refuses_every_push_and_counts_them(tmp_path):
 
 @pytest.mark.parametrize("strategy", [{"name": "hogwild"}, {"name": "param_server"},
                                       {"name": "param_server", "staleness": 5}])
-def test_world_size_1_is_single(strategy, tmp_path):
+def test_world_size_1_is_single(strategy, baseline, tmp_path):
     """No other rank, nothing stale: the same losses as single, the same run record."""
-    baseline = step_losses(make_recipe({"name": "single"}), tmp_path / "single")
     if strategy.get("staleness", 1) == 1:
         assert_matches(step_losses(make_recipe(strategy), tmp_path / "async"), baseline)
     else:  # the one worker's copy is refreshed every 5 steps: its gradients are taken on stale weights

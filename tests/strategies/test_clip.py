@@ -9,41 +9,45 @@ import pytest
 from suite.common.errors import SuiteError
 from suite.record.run_record import read_json, read_metrics
 from suite.strategies import _deepspeed
-from tests.parity import BASE, FP32_TOLERANCE, assert_matches, make_recipe, step_losses, tolerance
+from tests.parity import BASE, FP32_TOLERANCE, TWO_DEVICES, assert_matches, make_recipe, step_losses, tolerance
 
 _deepspeed.preload()  # once here, not once per forked rank
 
 CLIP = 0.3
-TWO_DEVICES = {"launch": {"devices_per_task": 2}}
 
 
 def clipped(clip=CLIP, **changes) -> dict:
     return {"training": {**BASE["training"], "grad_clip_norm": clip, **changes}}
 
 
+def grad_norms(run_dir: Path) -> list:
+    """Per-step grad_norm as rank 0 records it."""
+    steps = sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda s: s["step"])
+    return [s.get("grad_norm") for s in steps]
+
+
 def run(strategy: dict, run_dir: Path, world_size: int = 1, precision=None, **sections):
     """(per-step global losses, per-step grad_norm as rank 0 records it)."""
     losses = step_losses(make_recipe(strategy, world_size=world_size, precision=precision, **sections), run_dir)
-    steps = sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda s: s["step"])
-    return losses, [s.get("grad_norm") for s in steps]
+    return losses, grad_norms(run_dir)
 
 
-@pytest.fixture(scope="module")
-def singles(tmp_path_factory):
+def run_single(baseline_of, precision=None, **sections):
+    """``run`` for single on one process, run once per session (tests/conftest.py's baseline_of)."""
+    single = baseline_of(make_recipe({"name": "single"}, precision=precision, **sections))
+    return single.losses, grad_norms(single.run_dir)
+
+
+@pytest.fixture
+def singles(baseline_of):
     """Clipped single in a precision (fp64; fp32 for strategies that cannot train in float64),
     each run once."""
-    cache = {}
-
     def get(precision: str, **changes):
-        key = (precision, tuple(sorted(changes.items())))
-        if key not in cache:
-            cache[key] = run({"name": "single"}, tmp_path_factory.mktemp("single"), precision=precision,
-                             **clipped(**changes))
-        return cache[key]
+        return run_single(baseline_of, precision, **clipped(**changes))
     return get
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def single(singles):
     return singles("fp64")
 
@@ -59,18 +63,18 @@ def check_against_single(strategy, world_size, run_dir, singles, sections=None, 
     assert_norms_match(norms, base_norms, tolerance(recipe))
 
 
-def test_the_clip_binds_and_the_norm_is_recorded(single, tmp_path):
+def test_the_clip_binds_and_the_norm_is_recorded(single, baseline_of):
     losses, norms = single
-    unclipped, none = run({"name": "single"}, tmp_path)
+    unclipped, none = run_single(baseline_of)
     assert none == [None] * len(none)  # the default path records no norm
     assert all(n > CLIP for n in norms), norms  # binds at every step
     assert max(abs(a - b) for a, b in zip(losses, unclipped)) > 100 * FP32_TOLERANCE, (losses, unclipped)
     assert losses[-1] < losses[0]
 
 
-def test_a_clip_above_every_norm_changes_nothing(single, tmp_path):
+def test_a_clip_above_every_norm_changes_nothing(single, baseline_of, tmp_path):
     loose, norms = run({"name": "single"}, tmp_path, **clipped(clip=10.0))
-    unclipped, _ = run({"name": "single"}, tmp_path / "plain")
+    unclipped, _ = run_single(baseline_of)
     assert loose == unclipped and all(n < 10.0 for n in norms)
 
 
@@ -133,9 +137,9 @@ def bf16(**changes) -> dict:
     return clipped(precision="bf16", **changes)
 
 
-@pytest.fixture(scope="module")
-def bf16_single(tmp_path_factory):
-    return run({"name": "single"}, tmp_path_factory.mktemp("single-bf16"), **bf16())
+@pytest.fixture
+def bf16_single(baseline_of):
+    return run_single(baseline_of, **bf16())
 
 
 @pytest.mark.parametrize("case", ["ds_pipeline", "zero0"])

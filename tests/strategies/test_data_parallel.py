@@ -5,11 +5,7 @@ from suite.strategies import allreduce
 from tests.parity import assert_matches, make_recipe, step_losses
 
 pytestmark = pytest.mark.parity  # every test here: rerun under each CPU kernel set
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
+# baseline: single's losses on the parity recipe, once per session (tests/conftest.py)
 
 
 @pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "ddp", "bucket_cap_mb": 0.001},

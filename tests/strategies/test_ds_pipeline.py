@@ -36,10 +36,10 @@ VGG = {"model": {"name": "vgg11", "width": 0.125, "classifier_hidden": 32},
        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}}  # learns within 6 steps
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single")
-    return step_losses(make_recipe({"name": "single"}), run_dir), read_json(run_dir / "summary.json")
+@pytest.fixture
+def baseline(baseline_of):
+    single = baseline_of(make_recipe({"name": "single"}))
+    return single.losses, single.summary
 
 
 @pytest.mark.parametrize("strategy", [PIPE, {**PIPE, "partition": "uniform"}, {**PIPE, "zero_stage": 1}],
@@ -70,8 +70,8 @@ def test_each_stage_holds_only_its_own_blocks(tmp_path):
 
 
 @pytest.mark.parity
-def test_vgg11_split_in_two_matches_single_process(tmp_path_factory):
-    single = step_losses(make_recipe({"name": "single"}, **VGG), tmp_path_factory.mktemp("single-vgg"))
+def test_vgg11_split_in_two_matches_single_process(baseline_of, tmp_path_factory):
+    single = baseline_of(make_recipe({"name": "single"}, **VGG)).losses
     piped = step_losses(make_recipe(PIPE, world_size=2, **VGG), tmp_path_factory.mktemp("pipe-vgg"))
     assert_matches(piped, single)
 

@@ -7,15 +7,8 @@ import pytest
 from suite.common.errors import SuiteError
 from suite.strategies import fairscale_oss
 from tests.harness import run_ranks
-from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, TWO_DEVICES, assert_matches, make_recipe, step_losses
 from tests.roundtrip import continued_and_resumed
-
-TWO_DEVICES = {"launch": {"devices_per_task": 2}}
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
 
 
 @pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
@@ -25,10 +18,10 @@ def test_oss_matches_single_process_at_world_size_2(gradients, baseline, tmp_pat
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
-def test_oss_takes_every_optimizer_the_recipe_can_name(tmp_path):
+def test_oss_takes_every_optimizer_the_recipe_can_name(baseline_of, tmp_path):
     # AdamW's defaults hold a key its constructor refuses; OSS rebuilds the optimizer from them.
     adamw = {**BASE["optimizer"], "name": "adamw", "weight_decay": 0.01}
-    single = step_losses(make_recipe({"name": "single"}, optimizer=adamw), tmp_path / "single")
+    single = baseline_of(make_recipe({"name": "single"}, optimizer=adamw)).losses
     assert_matches(step_losses(make_recipe({"name": "oss"}, world_size=2, optimizer=adamw), tmp_path / "oss"), single)
 
 

@@ -11,10 +11,10 @@ from suite.record.run_record import read_json
 from tests.parity import BASE, assert_holds_share, assert_matches, make_recipe, step_losses
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single")
-    return step_losses(make_recipe({"name": "single"}), run_dir), read_json(run_dir / "summary.json")
+@pytest.fixture
+def baseline(baseline_of):
+    single = baseline_of(make_recipe({"name": "single"}))
+    return single.losses, single.summary
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,8 @@ from suite.strategies.context import DistContext
 from suite.common.errors import SuiteError
 from suite.strategies import layer_split
 from tests.harness import run_ranks
-from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, TWO_DEVICES, assert_matches, make_recipe, step_losses
 from tests.roundtrip import continued_and_resumed
-
-TWO_DEVICES = {"launch": {"devices_per_task": 2}}
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
 
 
 @pytest.mark.parametrize("split_at", [None, [1], [3]])

@@ -10,7 +10,6 @@ import pytest
 from suite.common.errors import SuiteError
 from suite.strategies.pipeline import bubble_formula
 from suite.strategies.splitting import balanced_split
-from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 from tests.roundtrip import continued_and_resumed
@@ -25,21 +24,14 @@ def final(run_dir, key):
     return json.loads((run_dir / "summary.json").read_text())["final"][key]
 
 
-@pytest.fixture(scope="module")
-def baseline_dir(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single")
-    step_losses(make_recipe({"name": "single"}), run_dir)
-    return run_dir
+@pytest.fixture
+def baseline_dir(baseline_of):
+    return baseline_of(make_recipe({"name": "single"})).run_dir
 
 
-@pytest.fixture(scope="module")
-def baseline(baseline_dir):
-    return [s["global_loss"] for s in sorted(read_metrics(baseline_dir, kind="step", rank=0), key=lambda s: s["step"])]
-
-
-@pytest.fixture(scope="module")
-def vgg_baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}, **VGG), tmp_path_factory.mktemp("vgg-single"))
+@pytest.fixture
+def vgg_baseline(baseline_of):
+    return baseline_of(make_recipe({"name": "single"}, **VGG)).losses
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -51,11 +43,11 @@ def test_mlp_pipeline_matches_single_process(schedule, baseline, baseline_dir, t
     assert abs(final(tmp_path, "val_loss") - final(baseline_dir, "val_loss")) <= 1e-5
 
 
-def test_autoencoder_pipeline_scores_against_the_input(tmp_path_factory):
+def test_autoencoder_pipeline_scores_against_the_input(baseline_of, tmp_path_factory):
     sections = {"model": {"name": "autoencoder", "base_channels": 4},
                 "data": {"name": "digits", "limit_val": 64},  # real 8x8 images: learnable
                 "optimizer": {"name": "adam", "lr": 0.01}}
-    baseline = step_losses(make_recipe({"name": "single"}, **sections), tmp_path_factory.mktemp("ae-single"))
+    baseline = baseline_of(make_recipe({"name": "single"}, **sections)).losses
     recipe = make_recipe({"name": "pipeline", "schedule": "1f1b"}, world_size=2, **sections)
     assert_matches(step_losses(recipe, tmp_path_factory.mktemp("ae-pipeline")), baseline)
 

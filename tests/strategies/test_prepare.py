@@ -13,11 +13,7 @@ from tests.parity import BASE, assert_matches, make_recipe, step_losses
 
 CHECKPOINTED = {**BASE["training"], "activation_checkpointing": True}
 COMPILE_TOLERANCE = 1e-4  # fused kernels reorder float sums
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
+# baseline: single's losses on the parity recipe, once per session (tests/conftest.py)
 
 
 @pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "fsdp"}, {"name": "fsdp1"}])
@@ -36,13 +32,13 @@ def test_compile_runs_and_matches_single_process(baseline, tmp_path):
     assert_matches(step_losses(recipe, tmp_path, timeout_s=600), baseline, tolerance=COMPILE_TOLERANCE)
 
 
-def test_deepspeed_pipeline_takes_both_options(tmp_path):
+def test_deepspeed_pipeline_takes_both_options(baseline_of, tmp_path):
     """Its engine runs the blocks itself: they are prepared before they become its layers.
     DeepSpeed cannot train in float64: compared in float32, against single in float32."""
     training = {**CHECKPOINTED, "compile": True}
     recipe = make_recipe({"name": "ds_pipeline", "stages": 2}, world_size=2, training=training)
     assert recipe.training.precision == "fp32"
-    baseline = step_losses(make_recipe({"name": "single"}, precision="fp32"), tmp_path / "single")
+    baseline = baseline_of(make_recipe({"name": "single"}, precision="fp32")).losses
     assert_matches(step_losses(recipe, tmp_path / "ds"), baseline, tolerance=COMPILE_TOLERANCE)
 
 

@@ -17,15 +17,15 @@ LANGUAGE = {
 }
 
 
-@pytest.fixture(scope="module")
-def mlp_baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("mlp"))
+@pytest.fixture
+def mlp_baseline(baseline):
+    return baseline
 
 
-@pytest.fixture(scope="module")
-def transformer_baseline(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("transformer")
-    return step_losses(make_recipe({"name": "single"}, **LANGUAGE), run_dir), read_json(run_dir / "summary.json")
+@pytest.fixture
+def transformer_baseline(baseline_of):
+    single = baseline_of(make_recipe({"name": "single"}, **LANGUAGE))
+    return single.losses, single.summary
 
 
 @pytest.mark.parity

@@ -43,9 +43,9 @@ def training(**changes):
     return {**BASE["training"], **changes}
 
 
-@pytest.fixture(scope="module")
-def adam_baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}, optimizer=ADAM), tmp_path_factory.mktemp("single"))
+@pytest.fixture
+def adam_baseline(baseline_of):
+    return baseline_of(make_recipe({"name": "single"}, optimizer=ADAM)).losses
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +77,16 @@ def test_accumulation_and_offload_match_single_process(strategy, changes, adam_b
 
 
 @pytest.mark.parity
-def test_sgd_with_momentum_matches_single_process(tmp_path_factory):
+def test_sgd_with_momentum_matches_single_process(baseline_of, tmp_path_factory):
     """Not Adam: DeepSpeed needs zero_allow_untested_optimizer, and the torch SGD must step unchanged."""
-    baseline = step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single-sgd"))
+    baseline = baseline_of(make_recipe({"name": "single"})).losses
     assert_matches(step_losses(make_recipe(zero(stage=2), world_size=WORLD), tmp_path_factory.mktemp("z2")), baseline)
 
 
-def test_the_comparison_catches_gradient_clipping(tmp_path_factory, monkeypatch):
+def test_the_comparison_catches_gradient_clipping(baseline_of, tmp_path_factory, monkeypatch):
     """DeepSpeed clips gradients (at 1.0) unless told otherwise, which the baseline never does. This
     small model's gradient norm stays under 1.0, so clip at 0.1 to show that the check sees clipping."""
-    baseline = step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single-sgd"))
+    baseline = baseline_of(make_recipe({"name": "single"})).losses
     real = _deepspeed.make_config
     monkeypatch.setattr(_deepspeed, "make_config", lambda **kw: {**real(**kw), "gradient_clipping": 0.1})
     losses = step_losses(make_recipe(zero(stage=2), world_size=WORLD), tmp_path_factory.mktemp("clipped"))

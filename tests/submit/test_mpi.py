@@ -18,7 +18,7 @@ from suite.record.run_record import read_metrics
 from suite.submit import cli
 from suite.common import mpi as rank_mpi
 from suite.train import dist
-from tests.parity import BASE, assert_matches, make_recipe, step_losses
+from tests.parity import BASE, assert_matches, make_recipe
 
 
 def write_recipe(tmp_path, strategy: dict, **launch) -> str:
@@ -34,9 +34,7 @@ def the_run(out):
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return step_losses(make_recipe({"name": "single"}), tmp_path_factory.mktemp("single"))
+# baseline: single's losses on the parity recipe (fp64, as write_recipe's), once per session (tests/conftest.py)
 
 
 @pytest.mark.parametrize("transport", ["mpi", "torch"])
