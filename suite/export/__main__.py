@@ -1,21 +1,49 @@
 """``python -m suite.export RUN_DIR [RUN_DIR ...] [--mode offline|online]``: write W&B runs (one
 per rank, grouped by run id) from run records, e.g. for runs recorded with W&B disabled, or to
-retry an export that failed. See suite/record/wandb_export.py."""
+retry an export that failed. See suite/record/wandb_export.py.
+
+``python -m suite.export RUN_DIR --model FILE.safetensors``: write the run's trained model (its
+last complete checkpoint) as one safetensors file, whatever its strategy and world size, that
+loads with ``load_state_dict(strict=True)`` into the plain model, with ``FILE.json`` beside it
+(the recipe's model section, how to build the plain model, the data spec, the step). The run's
+strategy is rebuilt at its own world size on this machine (forked ranks) to gather the model."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+from suite.common.errors import SuiteError
 from suite.record import run_record
 from suite.record.wandb_export import export_rank
 
+EPILOG = """--model: the run's ranks are started here (world size as trained, forked, gloo on CPU unless
+the recipe's launch.device says otherwise), restore the latest checkpoint and gather the whole model
+(DDP/single: the module; FSDP2/tensor: DTensors all-gathered; ZeRO-3: partitions gathered block by
+block; pipeline: every stage's blocks). Load it with:
+  model = suite.models.build(options, spec)    # or your target, e.g. torchvision.models.resnet18(num_classes=10)
+  model.load_state_dict(safetensors.torch.load_file(FILE), strict=True)
+fp64 runs export float64 tensors: build the model under torch.set_default_dtype(torch.float64)."""
+
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m suite.export", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m suite.export", description=__doc__.split("\n\n")[0],
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (holding recipe.yaml and metrics.jsonl)")
     p.add_argument("--mode", choices=["offline", "online"], default="offline")
+    p.add_argument("--model", metavar="FILE.safetensors", type=Path,
+                   help="write the run's trained model (latest checkpoint) to this safetensors file, and its "
+                        "config to FILE.json, instead of W&B runs; one run folder")
     args = p.parse_args(argv)
+    if args.model is not None:
+        if len(args.runs) != 1:
+            print("error: --model exports one run; give one run folder", file=sys.stderr)
+            return 2
+        try:
+            return export_model(Path(args.runs[0]), args.model)
+        except SuiteError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     failed = 0
     for folder in map(Path, args.runs):
         if not (folder / "recipe.yaml").is_file() or not (folder / "metrics.jsonl").is_file():
@@ -29,6 +57,32 @@ def main(argv=None) -> int:
                 failed += "failed" in notice
         print(f"{folder}: W&B runs of ranks {ranks} written ({args.mode}) to {folder / 'wandb'}")
     return 1 if failed else 0
+
+
+def export_model(folder: Path, out: Path) -> int:
+    if not (folder / "recipe.yaml").is_file():
+        raise SuiteError(f"{folder} is not a run folder (no recipe.yaml)")
+    saved = run_record.latest_checkpoint(folder)
+    if saved is None:
+        raise SuiteError(f"{folder} holds no complete checkpoint ({run_record.checkpoint_folder(folder)}/latest.json); "
+                         f"train with training.checkpoint_every_steps set, or resume the run until it saves one")
+    if out.suffix != ".safetensors":
+        raise SuiteError(f"--model {out}: name the file FILE.safetensors (its config is written to FILE.json)")
+    # start-up: the recipe, torch and the strategies load only for a model export, not a W&B one
+    from suite import recipe as recipes
+    from suite.tasks import export as export_task  # start-up: torch and the rank's code, only for --model
+
+    recipe = recipes.load(folder / "recipe.yaml")[0]
+    if saved["world_size"] != recipe.world_size:
+        raise SuiteError(f"the checkpoint in {run_record.checkpoint_folder(folder)} was saved at world size "
+                         f"{saved['world_size']}, the recipe says {recipe.world_size}")
+    done = export_task.start_ranks(recipe, folder.resolve(), out.resolve())
+    summary = run_record.read_json(run_record.summary_path(folder)) if run_record.summary_path(folder).exists() else {}
+    ended = summary.get("steps")
+    note = f" (the run went on to step {ended}: that step was not checkpointed)" if ended and ended != done["step"] else ""
+    print(f"{folder}: model of step {done['step']} ({recipe.strategy.name}, world size {recipe.world_size}, "
+          f"{done['tensors']} tensors) written to {done['model']}, its config to {done['config']}{note}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -281,6 +281,28 @@ class DeepSpeedEngine(Engine):
         self.ds.optimizer.load_state_dict(states, load_from_fp32_weights=True)
 
 
+def full_module_state(engine, zero_stage: int, keep: bool) -> dict:
+    """The DeepSpeed engine's module state whole, on CPU, where ``keep`` (else {}); collective.
+    Stages 0-2 hold every parameter on every rank; stage 3 gathers each top-level block's
+    partitions in turn (``deepspeed.zero.GatheredParameters``), so one block at a time is whole."""
+    module = engine.module
+    if zero_stage < 3:
+        return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()} if keep else {}
+    gathered = quiet_import().zero.GatheredParameters  # deepspeed.zero: the public name of ZeRO-3's gather
+    out = {}
+    parts = [("", module, False)] + [(f"{name}.", child, True) for name, child in module.named_children()]
+    for prefix, part, recurse in parts:
+        with gathered(list(part.parameters(recurse=recurse)), modifier_rank=None):
+            if not keep:
+                continue
+            if recurse:
+                state = part.state_dict(prefix=prefix)
+            else:  # the root's own parameters and buffers (no dot in their names), not its children's
+                state = {k: v for k, v in part.state_dict().items() if "." not in k}
+            out.update({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+    return out
+
+
 def held_bytes(engine, params, gradient_bytes: int) -> dict:
     """Bytes this rank holds: parameters (ZeRO-3: this rank's partitions), gradients (measured
     after backward), optimizer state = the inner optimizer's state plus DeepSpeed's fp32 master

@@ -11,7 +11,7 @@ from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis, ModelInfo, Layout
 from suite.strategies import clip
 from suite.strategies.costs import Overlap, StepSizes
-from suite.strategies.engine import Engine, StepResult, StepSums
+from suite.strategies.engine import Engine, StepResult, StepSums, full_state
 from suite.record.metrics import optimizer_state_bytes, tensor_bytes
 
 
@@ -197,3 +197,6 @@ class ModuleEngine(Engine):
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_model_state(self) -> dict:
+        return full_state(self.module, keep=self.setup.ctx.is_main)

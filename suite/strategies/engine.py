@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
+from suite.common.errors import SuiteError
 from suite.models.task import Task
 from suite.strategies.layout import Layout
 from suite.strategies import prepare
@@ -95,6 +97,26 @@ class StepSums:
         return StepResult(loss=self.loss, samples=samples, correct=self.correct, grad_norm=grad_norm)
 
 
+class NoFullModelState(SuiteError):
+    """A strategy's engine cannot hand over its whole model (``Engine.full_model_state``)."""
+
+
+def full_state(module: torch.nn.Module, keep: bool) -> dict:
+    """``module``'s state dict whole and on CPU, with the names of the module DDP wraps (if it
+    does): sharded tensors (DTensor: FSDP2, tensor parallel, replicate) are all-gathered one at a
+    time, so every rank of their mesh must call this; kept only where ``keep``, else {}."""
+    from torch.distributed.tensor import DTensor  # start-up: torch.distributed.tensor, only where a model is exported
+
+    plain = module.module if isinstance(module, DistributedDataParallel) else module
+    out = {}
+    for name, value in plain.state_dict().items():
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        if keep:
+            out[name] = value.detach().to("cpu", copy=True)
+    return out
+
+
 class Engine:
     """A strategy's running form on one rank.
 
@@ -131,6 +153,13 @@ class Engine:
 
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
+
+    def full_model_state(self) -> dict:
+        """The whole trained model's state dict with the plain (unwrapped, unsharded) model's
+        names, on CPU, on rank 0 (other ranks: {}); what ``python -m suite.export --model``
+        writes. Collective: every rank calls it. A strategy that cannot gather its model raises
+        ``NoFullModelState``."""
+        raise NoFullModelState("its engine does not gather the whole model")
 
     def extra_metrics(self) -> dict:
         """Strategy-specific numbers for this rank's entry in the run summary (e.g. a pipeline

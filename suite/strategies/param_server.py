@@ -29,6 +29,7 @@ import torch.distributed as dist
 from suite.common.errors import SuiteError
 from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
+from suite.strategies.engine import NoFullModelState
 from torch.distributed import rpc
 from suite.common.ports import free_port
 from suite.record.metrics import optimizer_state_bytes, tensor_bytes
@@ -197,6 +198,10 @@ class ParamServerEngine(ModuleEngine):
     def extra_metrics(self) -> dict:
         mine = {"pulls": self.pulls, "pushes_refused": self.refused}
         return {**mine, **(self.server.metrics() if self.server is not None else {})}
+
+    def full_model_state(self) -> dict:
+        raise NoFullModelState("the trained parameters are the server's (rank 0's), not a worker's replica, "
+                               "and exporting them is not implemented")
 
     def state_dict(self) -> dict:
         state = {"replica": self.module.state_dict()}  # buffers (batch norm statistics) are the worker's

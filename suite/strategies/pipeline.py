@@ -29,6 +29,7 @@ from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis
 from suite.strategies import clip, costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
+from suite.strategies.engine import full_state
 from suite.strategies.splitting import check_recipe_split, cut, resolve_split
 
 
@@ -123,6 +124,16 @@ class PipelineStageEngine(ModuleEngine):
         loss = torch.stack([l.detach().double() for l in losses]).mean()  # equal micro-batches
         return StepResult(loss=loss, samples=len(inputs), correct=self.setup.task.correct(output, targets),
                           grad_norm=grad_norm)
+
+    def full_model_state(self) -> dict:
+        """Each stage's blocks keep the whole model's names (``cut`` slices the Sequential): every
+        stage gathers its own (over its data-parallel group), rank 0 collects them all."""
+        mine = full_state(self.module, keep=self.setup.layout.dp_rank(self.setup.ctx.rank) == 0)
+        if self.setup.ctx.world_size == 1:
+            return mine
+        parts = [None] * self.setup.ctx.world_size if self.setup.ctx.is_main else None
+        dist.gather_object(mine, parts, dst=0)
+        return {k: v for part in parts or [] for k, v in part.items()}
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         # This stage holds only its blocks: squared norms summed over the stages of its pipeline.

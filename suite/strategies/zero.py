@@ -169,6 +169,9 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
     def held_bytes(self) -> dict:
         return _deepspeed.held_bytes(self.ds, self._params, self._gradient_bytes)
 
+    def full_model_state(self) -> dict:
+        return _deepspeed.full_module_state(self.ds, self.zero_stage, keep=self.setup.ctx.is_main)
+
 
 def build(opts: Options, setup) -> ZeroEngine:
     ctx = setup.ctx
