@@ -73,6 +73,9 @@ def export_model(folder: Path, out: Path) -> int:
     from suite.tasks import export as export_task  # start-up: torch and the rank's code, only for --model
 
     recipe = recipes.load(folder / "recipe.yaml")[0]
+    if type(recipe.strategy).owns_training:
+        raise SuiteError(f"strategy {recipe.strategy.name} cannot export its model: it trains in its own loop "
+                         f"(TensorFlow), without the torch engine the export rebuilds")
     if saved["world_size"] != recipe.world_size:
         raise SuiteError(f"the checkpoint in {run_record.checkpoint_folder(folder)} was saved at world size "
                          f"{saved['world_size']}, the recipe says {recipe.world_size}")

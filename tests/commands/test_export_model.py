@@ -14,7 +14,7 @@ import torch
 
 from suite import recipe as recipes
 from suite.export.__main__ import main as export_main
-from tests.parity import BASE, make_recipe, step_losses
+from tests.parity import BASE, TWO_DEVICES, make_recipe, step_losses
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINING = {**BASE["training"], "checkpoint_every_steps": 4}  # 8 steps: the last one is checkpointed
@@ -82,9 +82,11 @@ def train_and_export(tmp_path: Path, strategy: dict, world_size: int, **sections
     ({"name": "zero", "stage": 3}, 2),
     ({"name": "tensor"}, 2),
     ({"name": "pipeline"}, 2),
+    ({"name": "layer_split"}, 2),
 ], ids=lambda v: v["name"] if isinstance(v, dict) else str(v))
 def test_exported_model_loads_into_the_plain_model(strategy, world_size, tmp_path):
-    config, _ = train_and_export(tmp_path, strategy, world_size)
+    sections = TWO_DEVICES if strategy["name"] == "layer_split" else {}  # each rank splits its model over 2 devices
+    config, _ = train_and_export(tmp_path, strategy, world_size, **sections)
     assert config["build"] == {"name": "mlp", "options": {k: v for k, v in config["model"].items() if k != "name"}}
 
 
@@ -120,3 +122,13 @@ def test_a_strategy_that_cannot_gather_its_model_is_refused_naming_itself(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: strategy single cannot export its model: its engine does not gather the whole model"]
     assert not out.exists()
+
+
+def test_a_strategy_with_its_own_loop_is_refused_before_any_rank_starts(tmp_path, capsys):
+    recipe = make_recipe({"name": "tf_single"}, 1, precision="fp32", training={"epochs": 1, "batch_size": 32, "seed": 1})
+    (tmp_path / "recipe.yaml").write_text(recipes.dump(recipe))
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "latest.json").write_text(json.dumps({"step": 8, "world_size": 1, "folder": "step-8"}))
+    assert export_main([str(tmp_path), "--model", str(tmp_path / "m.safetensors")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: strategy tf_single cannot export its model")
