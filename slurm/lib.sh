@@ -58,3 +58,59 @@ nodes_usable() {
   states=$(sinfo -h -N -o '%t' 2>/dev/null) || return 1
   [ -n "$states" ] && ! grep -qvE '^(idle|mix|alloc|comp)$' <<<"$states"
 }
+
+# --- shaped links (start.sh --link RATE) -----------------------------------
+# Each slurmd in its own network namespace slurm-<node>, joined to this host through the bridge
+# LINK_BRIDGE by a veth pair (veth-<node> inside, slv-<node> here), both ends shaped with tbf.
+# Addresses from the benchmarking range 198.18.0.0/15 (RFC 2544), only on links these scripts make.
+LINK_BRIDGE=slbr0
+LINK_HOST_ADDR=198.18.0.1     # the bridge: slurmctld's address as the nodes see it
+LINK_PREFIX=24
+link_addr() { case $1 in n1) echo 198.18.0.11 ;; n2) echo 198.18.0.12 ;; esac; }
+
+# Everything link_up made (namespaces, veths, bridge); idempotent, quiet.
+link_down() {
+  local n
+  for n in n1 n2; do
+    ip netns del "slurm-$n" 2>/dev/null || true      # takes veth-<n> and its peer slv-<n> with it
+    ip link del "slv-$n" 2>/dev/null || true
+  done
+  ip link del "$LINK_BRIDGE" 2>/dev/null || true
+}
+
+# tbf needs a bucket of at least one timer tick's worth of bytes at the rate: 4 ms of it, >= 16 KiB.
+link_burst() {
+  local bits
+  case $1 in *gbit) bits=$(( ${1%gbit} * 1000000000 )) ;; *mbit) bits=$(( ${1%mbit} * 1000000 )) ;; esac
+  local b=$(( bits / 8 / 250 )); [ $b -ge 16384 ] || b=16384; echo $b
+}
+
+# Usage: link_up RATE NODE...
+link_up() {
+  local rate=$1; shift
+  local burst n
+  burst=$(link_burst "$rate")
+  ip link add "$LINK_BRIDGE" type bridge
+  ip addr add "$LINK_HOST_ADDR/$LINK_PREFIX" dev "$LINK_BRIDGE"
+  ip link set "$LINK_BRIDGE" up
+  for n in "$@"; do
+    ip netns add "slurm-$n"
+    ip link add "slv-$n" type veth peer name "veth-$n"
+    ip link set "veth-$n" netns "slurm-$n"
+    ip link set "slv-$n" master "$LINK_BRIDGE"
+    ip link set "slv-$n" up
+    ip -n "slurm-$n" link set lo up
+    ip -n "slurm-$n" addr add "$(link_addr "$n")/$LINK_PREFIX" dev "veth-$n"
+    ip -n "slurm-$n" link set "veth-$n" up
+    # Both directions: what leaves the node (inside) and what reaches it (the bridge's port).
+    tc qdisc add dev "slv-$n" root tbf rate "$rate" burst "$burst" latency 50ms
+    ip netns exec "slurm-$n" tc qdisc add dev "veth-$n" root tbf rate "$rate" burst "$burst" latency 50ms
+  done
+}
+
+# True when link_up's namespaces for these nodes exist.
+link_present() {
+  local n
+  ip link show "$LINK_BRIDGE" >/dev/null 2>&1 || return 1
+  for n in "$@"; do ip netns exec "slurm-$n" true 2>/dev/null || return 1; done
+}

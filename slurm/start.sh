@@ -1,25 +1,40 @@
 #!/usr/bin/env bash
 # Start a real local Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 1-2 slurmd).
-# Usage: slurm/start.sh [--nodes 1|2]     Idempotent: an already-running cluster is left as is.
+# Usage: slurm/start.sh [--nodes 1|2] [--link 10gbit|1gbit|100mbit]   Idempotent: an already-running cluster is left as is.
+#   --link RATE: each slurmd in its own network namespace behind a tbf-shaped veth (slurm/README.md).
 set -eEuo pipefail   # -E: the ERR trap below also fires inside functions
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 
 NODES=2
+LINK=
 while [ $# -gt 0 ]; do
   case $1 in
     --nodes) NODES=${2:-}; shift 2 ;;
     --nodes=*) NODES=${1#*=}; shift ;;
-    -h|--help) sed -n '2,3p' "$0"; exit 0 ;;
-    *) echo "start: unknown argument '$1' (accepted: --nodes 1|2)" >&2; exit 2 ;;
+    --link) LINK=${2:-}; shift 2 ;;
+    --link=*) LINK=${1#*=}; shift ;;
+    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    *) echo "start: unknown argument '$1' (accepted: --nodes 1|2, --link 10gbit|1gbit|100mbit)" >&2; exit 2 ;;
   esac
 done
 case $NODES in 1|2) ;; *) echo "start: --nodes must be 1 or 2, got '$NODES'" >&2; exit 2 ;; esac
+case $LINK in ''|10gbit|1gbit|100mbit) ;; *) echo "start: --link must be 10gbit, 1gbit or 100mbit, got '$LINK'" >&2; exit 2 ;; esac
 
 mkdir -p "$LOG_DIR"
 LOG=$LOG_DIR/start.log
 echo "=== start.sh --nodes $NODES $(date -Is)" >>"$LOG"
-die() { echo "start: $*; see $LOG and /var/log/slurm/" >&2; exit 1; }
+LINK_MADE=   # set once this run made the namespaces: a failure then removes them again
+die() {
+  if [ -n "$LINK_MADE" ]; then
+    local n
+    for n in "${node_names[@]}"; do  # slurmds started in them go first
+      pid_alive "/run/slurmd-$n.pid" slurmd && kill -TERM "$(tr -dc 0-9 <"/run/slurmd-$n.pid")" 2>/dev/null
+    done
+    link_down
+  fi
+  echo "start: $*; see $LOG and /var/log/slurm/" >&2; exit 1
+}
 trap 'die "failed at line $LINENO"' ERR
 t0=$SECONDS
 
@@ -36,12 +51,18 @@ detach() { local out=$1; shift; setsid -f "$@" </dev/null >>"$out" 2>&1; }
 node_names=(n1 n2); node_names=("${node_names[@]:0:$NODES}")
 new_conf=$(mktemp); trap 'rm -f "$new_conf"' EXIT
 {
-  sed "s/@CLUSTER@/$CLUSTER/" "$HERE/conf/slurm.conf.in"
+  if [ -n "$LINK" ]; then  # the nodes reach slurmctld through the bridge
+    sed -e "s/@CLUSTER@/$CLUSTER/" -e "s/^SlurmctldHost=localhost$/SlurmctldHost=localhost($LINK_HOST_ADDR)/" "$HERE/conf/slurm.conf.in"
+  else
+    sed "s/@CLUSTER@/$CLUSTER/" "$HERE/conf/slurm.conf.in"
+  fi
   echo
   echo "# $NODES node(s) on this host; each slurmd listens on its own port."
+  [ -z "$LINK" ] || echo "# link: $LINK (each node in network namespace slurm-<node>, veth-<node> shaped by tbf)"
   port=17001
   for n in "${node_names[@]}"; do
-    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$port CPUs=2 RealMemory=10000 State=UNKNOWN"
+    addr=127.0.0.1; [ -z "$LINK" ] || addr=$(link_addr "$n")
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=$addr Port=$port CPUs=2 RealMemory=10000 State=UNKNOWN"
     port=$((port + 1))
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${node_names[*]}") Default=YES MaxTime=INFINITE State=UP"
@@ -56,6 +77,7 @@ all_up() {
   local name pidfile comm n
   while read -r name pidfile comm; do pid_alive "$pidfile" "$comm" || return 1; done < <(base_daemons)
   for n in "${node_names[@]}"; do pid_alive "/run/slurmd-$n.pid" slurmd || return 1; done
+  [ -z "$LINK" ] || link_present "${node_names[@]}" || return 1
   nodes_usable
 }
 if cmp -s "$new_conf" /etc/slurm/slurm.conf && all_up; then
@@ -76,7 +98,11 @@ fi
 
 # Jobs must resolve node names (submitit uses n1 as MASTER_ADDR): each slurmd gets
 # the host's /etc/hosts plus the node names, bind-mounted in its own mount namespace.
-{ grep -v ' # slurm-local$' /etc/hosts; echo "127.0.0.1 ${node_names[*]} # slurm-local"; } >"$HOSTS_FILE"
+if [ -z "$LINK" ]; then
+  { grep -v ' # slurm-local$' /etc/hosts; echo "127.0.0.1 ${node_names[*]} # slurm-local"; } >"$HOSTS_FILE"
+else  # each name to its namespace's address
+  { grep -v ' # slurm-local$' /etc/hosts; for n in "${node_names[@]}"; do echo "$(link_addr "$n") $n # slurm-local"; done; } >"$HOSTS_FILE"
+fi
 
 [ -s "$DB_PASS_FILE" ] || (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
 (umask 077; sed "s/@DB_PASS@/$(cat "$DB_PASS_FILE")/" "$HERE/conf/slurmdbd.conf.in" >/etc/slurm/slurmdbd.conf)
@@ -115,13 +141,22 @@ if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
 fi
 echo "start: slurmdbd up, cluster '$CLUSTER' in accounting"
 
+# --- shaped links (--link) -------------------------------------------------
+if [ -n "$LINK" ] && ! link_present "${node_names[@]}"; then
+  for bin in ip tc; do command -v "$bin" >/dev/null || die "'$bin' not found (iproute2): --link needs it"; done
+  link_down; LINK_MADE=1
+  link_up "$LINK" "${node_names[@]}" >>"$LOG" 2>&1   # a failing step: the ERR trap removes what was made
+  echo "start: links up: ${node_names[*]} in network namespaces behind $LINK veths ($LINK_HOST_ADDR/$LINK_PREFIX)"
+fi
+
 # --- slurmctld + slurmd(s) ------------------------------------------------
 pid_alive /run/slurmctld.pid slurmctld || detach "$LOG" slurmctld
 wait_for 30 sinfo || die "slurmctld did not answer (/var/log/slurm/slurmctld.log)"
 for n in "${node_names[@]}"; do
   pid_alive "/run/slurmd-$n.pid" slurmd && continue
   mkdir -p "/tmp/slurm-$n"   # the node's TmpFS (slurm.conf.in says why)
-  detach "$LOG" unshare -m --propagation slave \
+  netns=(); [ -z "$LINK" ] || netns=(nsenter "--net=/run/netns/slurm-$n")   # its jobs inherit the namespace (not `ip netns exec`: it remounts /sys, hiding the cgroup mount slurmd wants)
+  detach "$LOG" "${netns[@]}" unshare -m --propagation slave \
     sh -c "mount --bind '$HOSTS_FILE' /etc/hosts && exec slurmd -N '$n'"
 done
 wait_for 60 nodes_usable || { sinfo -N >>"$LOG" 2>&1 || true; die "nodes not idle within 60 s (sinfo -N)"; }

@@ -31,4 +31,7 @@ done
 while read -r name pidfile comm; do
   stop_one "$name" "$pidfile" "$comm"
 done < <(base_daemons | tac)
+if ip link show "$LINK_BRIDGE" >/dev/null 2>&1 || ls /run/netns/slurm-n* >/dev/null 2>&1; then
+  link_down; echo "stop: shaped links removed (namespaces slurm-n*, bridge $LINK_BRIDGE)"
+fi
 echo "stop: all local Slurm daemons down"

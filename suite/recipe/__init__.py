@@ -90,6 +90,9 @@ class Launch(Strict):
     signal_delay_s: PositiveInt = 90  # SIGUSR2 this long before the time limit: checkpoint, requeue
     collective_timeout_s: PositiveInt = 300  # a rank stuck this long in a collective fails the run
     mpi: bool = False  # slurm: the tasks are MPI ranks (srun --mpi=pmix); executor mpi: always
+    # The network interface ranks talk on (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); default: the one
+    # the route to the rendezvous address leaves by (suite.common.network).
+    interface: Optional[str] = None
     # Automatic restarts: a run that fails because a rank died (killed, crashed, node lost) is
     # submitted again by the follower, from its last complete checkpoint, up to this many times
     # (on Slurm without the failed node where the run still fits). Never for bad input or a cancel.

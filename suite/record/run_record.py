@@ -238,6 +238,20 @@ def record_rank_process(run_dir: Path, rank: int) -> None:
     write_json_atomic(folder / f"rank{rank}.json", record)
 
 
+def record_rank_network(run_dir: Path, rank: int, chosen: dict) -> None:
+    """Adds to ``ranks/rank<N>.json`` the network interface and address this rank talks on
+    (``suite.common.network.choose_interface``'s answer) and the master address it reached."""
+    folder = Path(run_dir) / "ranks"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"rank{rank}.json"
+    try:
+        record = read_json(path)
+    except (OSError, ValueError):
+        record = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+    record["network"] = {k: chosen.get(k) for k in ("interface", "address", "master", "why")}
+    write_json_atomic(path, record)
+
+
 def rank_processes(run_dir: Path) -> list[dict]:
     """The ``record_rank_process`` entries of a run, by rank (the latest attempt's)."""
     out = []

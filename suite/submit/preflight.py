@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from suite.common import network
 from suite.common.errors import SuiteError
 
 _GIB = 2**30
@@ -45,6 +46,7 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
             mpi.check_mpi4py("strategy.transport=mpi")
         r.data.check_available()
         check_device(r)
+        check_interface(r.launch)
         check_batch_fits_data(r)
         check_targets(r)
         est = estimate(r)
@@ -117,6 +119,17 @@ def check_device(recipe) -> None:
     if precision == "fp16" and on_cpu:
         raise SuiteError(f"training.precision=fp16 needs a GPU, but the ranks will run on CPU "
                          f"(launch.device={launch.device}, {where}); use training.precision=bf16 or fp32")
+
+
+def check_interface(launch) -> None:
+    """launch.interface must be an interface of the machine the ranks run on: this one, unless on
+    Slurm (there each rank checks it, and its route to the master, in suite.train.dist)."""
+    if launch.interface is None or launch.executor == "slurm":
+        return
+    names = network.interfaces()
+    if launch.interface not in names:
+        raise SuiteError(f"launch.interface={launch.interface!r} is not an interface of this machine; "
+                         f"its interfaces: {', '.join(names)}")
 
 
 def check_batch_fits_data(recipe) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from suite.common import network
 from suite.common.errors import SuiteError
 from suite.common.ports import free_port
 from suite.strategies.context import DistContext
@@ -61,9 +62,32 @@ def uses_cuda(device: str) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
+# The interface this process's last ``init`` chose (``suite.common.network.choose_interface``'s
+# answer; None before, or for one rank): the rank records it in ranks/rank<N>.json.
+chosen_network: dict | None = None
+
+
+def choose_network(interface: str | None = None) -> dict:
+    """Export GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME as the interface the route to MASTER_ADDR
+    leaves by, or ``interface`` (launch.interface); one that does not exist or cannot reach the
+    master is a SuiteError before any process group forms. A variable the environment already sets
+    wins over the route (not over launch.interface)."""
+    global chosen_network
+    chosen = network.choose_interface(os.environ["MASTER_ADDR"], interface)
+    if chosen["interface"] is not None:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if interface is not None or not os.environ.get(var):
+                os.environ[var] = chosen["interface"]
+            elif os.environ[var] != chosen["interface"]:
+                chosen["why"] += f" ({var}={os.environ[var]} from the environment kept)"
+    chosen_network = chosen
+    return chosen
+
+
 def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
-         collective_timeout_s: int = 300) -> DistContext:
-    """Join (or create) the process group and pick this rank's device(s) and thread count."""
+         collective_timeout_s: int = 300, interface: str | None = None) -> DistContext:
+    """Join (or create) the process group and pick this rank's device(s), thread count and network
+    interface (``choose_network``; launch.interface when given)."""
     adopt_mpi_environment()
     if not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ) and "WORLD_SIZE" in os.environ:
         from suite.common import mpi  # start-up: loads suite.common only when this runs
@@ -93,6 +117,8 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
     threads = cpus_per_task or max(1, len(os.sched_getaffinity(0)) // local_world)
     torch.set_num_threads(threads)
     if not dist.is_initialized():
+        if world > 1 or interface is not None:
+            choose_network(interface)
         timeout = timedelta(seconds=collective_timeout_s)
         announce = os.environ.get("SCALESUITE_RENDEZVOUS")
         if announce and world > 1:  # suite.submit's ranks: ports outside the ephemeral range, bounded waits

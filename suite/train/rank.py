@@ -46,7 +46,8 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
     if run_dir is not None:  # before joining: a rank that dies in rendezvous is still known to have started
         run_record.record_rank_process(run_dir, int(os.environ.get("RANK", 0)))
     try:
-        ctx = sdist.init(launch.device, launch.devices_per_task, launch.cpus_per_task, launch.collective_timeout_s)
+        ctx = sdist.init(launch.device, launch.devices_per_task, launch.cpus_per_task, launch.collective_timeout_s,
+                         launch.interface)
     except BaseException as e:  # the rendezvous failed: said in the run record, so the follower ends the run
         if run_dir is not None:
             _record_error(Path(run_dir), int(os.environ.get("RANK", 0)), e)
@@ -56,6 +57,8 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
             raise SuiteError(f"the recipe asks for world size {recipe.world_size} (launch.nodes x "
                              f"launch.tasks_per_node) but {ctx.world_size} ranks started")
         run_dir = _agree_run_dir(ctx, recipe, run_dir, out)
+        if sdist.chosen_network is not None:  # which interface and address this rank talks on
+            run_record.record_rank_network(run_dir, ctx.rank, sdist.chosen_network)
         try:
             _train(recipe, ctx, run_dir, watcher_pid, predict)
         except stop.Stopped:
