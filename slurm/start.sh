@@ -33,8 +33,9 @@ die() {
     done
     link_down
   fi
-  echo "start: $*; see $LOG and /var/log/slurm/" >&2; exit 1
+  echo "start: $*; see $LOG and /var/log/slurm/" >&3; exit 1   # fd 3: the caller's stderr, also from redirected steps
 }
+exec 3>&2
 trap 'die "failed at line $LINENO"' ERR
 t0=$SECONDS
 
