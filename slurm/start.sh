@@ -46,7 +46,7 @@ done
 # Run a daemon detached from the caller: new session, no inherited stdio
 # (otherwise `start.sh | tee` waits forever on the pipe the daemon holds open).
 # Usage: detach LOGFILE CMD...  (the slurm daemons and munged keep their own logs too)
-detach() { local out=$1; shift; setsid -f "$@" </dev/null >>"$out" 2>&1; }
+detach() { local out=$1; shift; setsid -f "$@" </dev/null >>"$out" 2>&1 3>&-; }
 
 # --- config ---------------------------------------------------------------
 node_names=(n1 n2); node_names=("${node_names[@]:0:$NODES}")

@@ -4,7 +4,8 @@ namespace behind a tbf-shaped veth. A 2-node gloo all-reduce measures about the 
 
 Needs root and `ip` (iproute2) to make namespaces; without them it is skipped, saying why. Where
 they are there and the shaped cluster cannot start, it fails with start.sh's reason. It restarts
-the plain cluster (slurm/stop.sh && slurm/start.sh) at the end: the other Slurm tests need it."""
+the plain cluster (slurm/stop.sh && slurm/start.sh) at the end: the other Slurm tests need it, and
+none may run while this one does (pytest runs them one after another)."""
 import json
 import os
 import shutil
