@@ -104,6 +104,22 @@ def sharded_optimizer_temporaries(step: StepSizes) -> int:
     return step.optimizer_bytes // step.parts // step.layout.dp_size
 
 
+class ShardedUnits:
+    """The byte rules every unit-sharding strategy (FSDP2, torch FSDP1, fairscale FSDP) shares: a
+    mixin for its options class. Each unit's parameters are gathered twice per step and its
+    gradients reduce-scattered once (``sharded_units``); the passes hold the largest unit and the
+    prefetched next one gathered; the optimizer steps a 1/dp shard."""
+
+    def comm_rule(self, step: StepSizes) -> Comm:
+        return sharded_units(step, gathers=2)
+
+    def pass_buffer_bytes(self, step: StepSizes) -> int:
+        return gathered_units_bytes(step)
+
+    def optimizer_temporary_bytes(self, step: StepSizes) -> int:
+        return sharded_optimizer_temporaries(step)
+
+
 def undeclared(options_class) -> list[str]:
     """The rules (``RULES``) a strategy's options class leaves undeclared."""
     return [rule for rule in RULES if getattr(options_class, rule, None) is None]

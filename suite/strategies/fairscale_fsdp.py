@@ -12,20 +12,11 @@ from suite.strategies import costs
 from suite.strategies.base import StrategyOptions
 
 
-class Options(StrategyOptions):
+class Options(costs.ShardedUnits, StrategyOptions):
     name: Literal["fairscale_fsdp"] = "fairscale_fsdp"
     # FSDP's rules (strategy fsdp1), flat parameters: no copies of their own counted.
     overlap: ClassVar = costs.PREFETCHED_UNITS
     cannot_fake: ClassVar = ""  # refused before any plan: check() says why
-
-    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
-        return costs.sharded_units(step, gathers=2)
-
-    def pass_buffer_bytes(self, step: costs.StepSizes) -> int:
-        return costs.gathered_units_bytes(step)
-
-    def optimizer_temporary_bytes(self, step: costs.StepSizes) -> int:
-        return costs.sharded_optimizer_temporaries(step)
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:

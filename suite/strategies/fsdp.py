@@ -27,7 +27,7 @@ from suite.strategies import costs
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
-class Options(StrategyOptions):
+class Options(costs.ShardedUnits, StrategyOptions):
     name: Literal["fsdp"] = "fsdp"
     warm_imports: ClassVar = (torch_compat.DYNAMO, "torch.distributed.fsdp")
     reusable_process: ClassVar = True
@@ -61,13 +61,6 @@ class Options(StrategyOptions):
         input (all of it): profiled on a CPU at world 2, these copies took 8 % of the step."""
         gathered = comm_bytes.get("all_gather", 0)
         return gathered // layout.degree("shard") + gathered + comm_bytes.get("reduce_scatter", 0)
-
-    def pass_buffer_bytes(self, step: costs.StepSizes) -> int:
-        # Frees a unit's parameters before it copies the gradients into its reduce-scatter's input.
-        return costs.gathered_units_bytes(step)
-
-    def optimizer_temporary_bytes(self, step: costs.StepSizes) -> int:
-        return costs.sharded_optimizer_temporaries(step)
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:

@@ -24,7 +24,7 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
 
 
-class Options(StrategyOptions):
+class Options(costs.ShardedUnits, StrategyOptions):
     name: Literal["fsdp1"] = "fsdp1"
     warm_imports: ClassVar = (torch_compat.DYNAMO, "torch.distributed.fsdp")
     refuses: ClassVar = (Refused("training.precision", ("fp32", "bf16", "fp16"),
@@ -42,16 +42,8 @@ class Options(StrategyOptions):
             held["parameters"] = total["parameters"]
         return held
 
-    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
-        # Two gathers per unit whatever the sharding, as the planner has always counted it
-        # (grad_op's single gather is what a fake run sees); flat parameters: no copies counted.
-        return costs.sharded_units(step, gathers=2)
-
-    def pass_buffer_bytes(self, step: costs.StepSizes) -> int:
-        return costs.gathered_units_bytes(step)
-
-    def optimizer_temporary_bytes(self, step: costs.StepSizes) -> int:
-        return costs.sharded_optimizer_temporaries(step)
+    # comm_rule (ShardedUnits): two gathers per unit whatever the sharding, as the planner has always
+    # counted it (grad_op's single gather is what a fake run sees); flat parameters: no copies counted.
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:
