@@ -39,3 +39,13 @@ def baseline(baseline_of):
     from tests.parity import make_recipe
 
     return baseline_of(make_recipe({"name": "single"})).losses
+
+
+@pytest.fixture
+def baseline_and_summary(baseline_of):
+    """``baseline``'s run with its summary: (per-step losses, summary.json), for the modules that
+    also compare what the run recorded (held bytes, peak memory)."""
+    from tests.parity import make_recipe
+
+    single = baseline_of(make_recipe({"name": "single"}))
+    return single.losses, single.summary

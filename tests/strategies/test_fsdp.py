@@ -11,12 +11,6 @@ from suite.record.run_record import read_json
 from tests.parity import BASE, assert_holds_share, assert_matches, make_recipe, step_losses
 
 
-@pytest.fixture
-def baseline(baseline_of):
-    single = baseline_of(make_recipe({"name": "single"}))
-    return single.losses, single.summary
-
-
 @pytest.fixture(scope="module")
 def full_sharding(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fsdp")
@@ -25,34 +19,34 @@ def full_sharding(tmp_path_factory):
 
 
 @pytest.mark.parity
-def test_full_sharding_matches_single_process_at_world_size_2(full_sharding, baseline):
-    assert_matches(full_sharding[1], baseline[0])
+def test_full_sharding_matches_single_process_at_world_size_2(full_sharding, baseline_and_summary):
+    assert_matches(full_sharding[1], baseline_and_summary[0])
 
 
 @pytest.mark.parity
-def test_grad_op_sharding_matches_single_process_at_world_size_2(baseline, tmp_path):
+def test_grad_op_sharding_matches_single_process_at_world_size_2(baseline_and_summary, tmp_path):
     recipe = make_recipe({"name": "fsdp", "reshard_after_forward": False}, world_size=2)
-    assert_matches(step_losses(recipe, tmp_path), baseline[0])
+    assert_matches(step_losses(recipe, tmp_path), baseline_and_summary[0])
 
 
 @pytest.mark.parity
-def test_gradient_accumulation_matches_single_process(baseline, tmp_path):
+def test_gradient_accumulation_matches_single_process(baseline_and_summary, tmp_path):
     recipe = make_recipe({"name": "fsdp"}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})
-    assert_matches(step_losses(recipe, tmp_path), baseline[0])
+    assert_matches(step_losses(recipe, tmp_path), baseline_and_summary[0])
 
 
 @pytest.mark.parity
-def test_hybrid_sharding_2x2_matches_single_process_at_world_size_4(baseline, tmp_path):
+def test_hybrid_sharding_2x2_matches_single_process_at_world_size_4(baseline_and_summary, tmp_path):
     recipe = make_recipe({"name": "fsdp", "replicate": 2}, world_size=4)
-    assert_matches(step_losses(recipe, tmp_path), baseline[0])
+    assert_matches(step_losses(recipe, tmp_path), baseline_and_summary[0])
 
 
-def test_full_sharding_holds_half_of_everything_per_rank_at_world_size_2(full_sharding, baseline):
+def test_full_sharding_holds_half_of_everything_per_rank_at_world_size_2(full_sharding, baseline_and_summary):
     recipe, _, summary = full_sharding
-    assert_holds_share(summary, baseline[1], predicted_held_bytes(recipe)["per_rank"], 1 / 2)
+    assert_holds_share(summary, baseline_and_summary[1], predicted_held_bytes(recipe)["per_rank"], 1 / 2)
 
 
-def test_the_comparison_catches_gradients_that_are_never_reduced(baseline, tmp_path, monkeypatch):
+def test_the_comparison_catches_gradients_that_are_never_reduced(baseline_and_summary, tmp_path, monkeypatch):
     """Break the strategy on purpose (each rank steps on its own gradients): parity must fail."""
     def never_sync(self, last):
         self.module.set_requires_gradient_sync(False)
@@ -61,7 +55,7 @@ def test_the_comparison_catches_gradients_that_are_never_reduced(baseline, tmp_p
     monkeypatch.setattr(fsdp.FSDPEngine, "sync_context", fsdp.contextmanager(never_sync))
     losses = step_losses(make_recipe({"name": "fsdp"}, world_size=2), tmp_path)
     with pytest.raises(AssertionError, match="differ from the baseline"):
-        assert_matches(losses, baseline[0])
+        assert_matches(losses, baseline_and_summary[0])
 
 
 def test_bf16_mixed_precision_runs_and_learns(tmp_path):
