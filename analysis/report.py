@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import plots, render, study as studies, tables, wandb_runs
+from analysis import plots, render, study as studies, study_tables, tables, wandb_runs
 from analysis.runs import RECORD_FILES, find_run_dirs, load_all
 from suite.record import run_record
 from suite.common.errors import SuiteError, one_line
@@ -175,6 +175,16 @@ def _main(args) -> int:
         intro = studies.header(study)
         md.append(f"## Published vs ours\n\n{intro}\n\n" + render.markdown(published, studies.COLUMNS))
         sections.append(("Published vs ours", f"<p>{html.escape(intro)}</p>" + render.html_table(published, studies.COLUMNS)))
+        base_of = studies.baselines(study["arms"], study["baseline"])
+        for title, rows, cols, note, csv_name in (
+                ("Verdicts: the source's beside ours", study_tables.verdict_rows(study, runs, base_of),
+                 study_tables.VERDICT_COLUMNS, tables.NOISE_RULE, "verdicts_published_vs_ours"),
+                ("Epochs to threshold", study_tables.threshold_rows(study, runs), study_tables.THRESHOLD_COLUMNS,
+                 study_tables.THRESHOLD_NOTE, "epochs_to_threshold")):
+            if rows:
+                render.write_csv(out / f"{csv_name}.csv", rows)
+                md.append(f"## {title}\n\n{note}\n\n" + render.markdown(rows, cols))
+                sections.append((title, f"<p>{html.escape(note)}</p>" + render.html_table(rows, cols)))
     for model, rows in tables.by_model(throughput).items():
         png = plots.throughput_bars(model, rows, out / "plots" / f"throughput-{model}.png")
         columns = {**THROUGHPUT, "mfu_shown": mfu_column(rows)}

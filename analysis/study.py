@@ -13,15 +13,21 @@ what it measures (``measure``, one of MEASURES), its number and unit, and how to
   ``baselines``): speed-up = baseline time / arm time (or arm throughput / baseline throughput);
   memory, utilisation, accuracy and loss as arm / baseline.
 
-Every row ends with which way ours differs, and the recipe's ``why`` where it gives one. Torch-free.
+Every row ends with which way ours differs, and the recipe's ``why`` where it gives one ("differs
+because"). Every claim is traceable: ``source`` names the row of the reference table in
+``docs/studies.md`` that the value and ``what`` rest on; a ``why`` names its rows (``why_source``)
+or is labelled ``assumption: true`` (our reasoning, not the source's), and the row shows which.
+``reference.verdicts`` (the source's improves / same / worse per model) and the study's
+``thresholds`` (epochs to given accuracies) are tabled by ``analysis.study_tables``. Torch-free.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
-from analysis import tables
+from analysis import study_tables, tables
 from suite.common.errors import SuiteError
 
 # unit families: unit -> size in the family's base unit
@@ -60,12 +66,14 @@ MEASURES = {
 COMPARE = ("absolute", "ratio")
 FIGURE_KEYS = {"published": True, "ours": False, "measure": True, "value": True, "unit": True, "what": True,
                "compare": True, "why": False, "not_run": False, "hardware": False, "baseline": False,
-               "data": False}
-REFERENCE_KEYS = {"source": True, "hardware": True, "data": True, "baseline": False, "figures": True}
+               "data": False, "source": True, "why_source": False, "assumption": False}
+REFERENCE_KEYS = {"source": True, "hardware": True, "data": True, "baseline": False, "figures": True,
+                  "verdicts": False}
+ENTRY = re.compile(r"^[A-Z]+-[A-Za-z0-9.-]+$")  # a row of docs/studies.md's reference table, e.g. ASU-T1-naive
 SAME_WITHIN = 0.05  # "about the same" when ours is within 5 % of theirs
 
 
-def _keys(block: dict, allowed: dict, where: str) -> None:
+def _keys(block: dict, allowed: dict, where: str, need: dict | None = None) -> None:
     if not isinstance(block, dict):
         raise SuiteError(f"{where} must be a mapping with keys {', '.join(allowed)}")
     for key in block:
@@ -73,7 +81,7 @@ def _keys(block: dict, allowed: dict, where: str) -> None:
             raise SuiteError(f"unknown key {where}.{key}; accepted here: {', '.join(allowed)}")
     for key, required in allowed.items():
         if required and block.get(key) in (None, ""):
-            raise SuiteError(f"{where}.{key} is required ({_NEED[key]})")
+            raise SuiteError(f"{where}.{key} is required ({(need or _NEED)[key]})")
 
 
 _NEED = {"source": "the title of the paper or report the figures come from",
@@ -83,6 +91,33 @@ _NEED = {"source": "the title of the paper or report the figures come from",
          "published": "the arm as the source labels it", "measure": f"one of {', '.join(MEASURES)}",
          "value": "the published number", "unit": "the published number's unit, e.g. s",
          "what": "what the number measures, in the source's words", "compare": "absolute or ratio"}
+_NEED_FIGURE = {**_NEED, "source": "the row of docs/studies.md's reference table the value and `what` rest on, "
+                                   "e.g. ASU-T1-naive-rate"}
+
+
+def entries(value, at: str) -> list[str]:
+    """A ``source`` / ``why_source``: one reference-table entry or a list of them, each checked."""
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if not isinstance(item, str) or not ENTRY.match(item):
+            raise SuiteError(f"{at}={item!r} must name a row of docs/studies.md's reference table, e.g. ASU-T1-naive-rate "
+                             f"(letters, a dash, then letters, digits, '.' or '-')")
+    return items
+
+
+def check_sourcing(fig: dict, at: str) -> None:
+    """The value and ``what`` rest on ``source``; a ``why`` rests on ``why_source`` or is labelled
+    ``assumption: true`` (ours, not the source's), so a reader can tell the two apart."""
+    entries(fig["source"], f"{at}.source")
+    if fig.get("why_source") is not None:
+        entries(fig["why_source"], f"{at}.why_source")
+    if fig.get("assumption") not in (None, True, False):
+        raise SuiteError(f"{at}.assumption={fig['assumption']!r} must be true or false")
+    if fig.get("why") and fig.get("why_source") is None and not fig.get("assumption"):
+        raise SuiteError(f"{at}.why needs why_source (the reference-table rows it rests on) or assumption: true "
+                         f"(it is our reasoning, not the source's)")
+    if not fig.get("why") and (fig.get("why_source") is not None or fig.get("assumption")):
+        raise SuiteError(f"{at}: why_source and assumption label a why; give the why or drop them")
 
 
 ARM_KEYS = ("baseline", "profiles")  # an arm's own keys beside its key.path overrides
@@ -117,7 +152,8 @@ def check_reference(reference: dict, arms, where: str = "reference") -> dict:
         raise SuiteError(f"{where}.figures must be a non-empty list of published figures")
     for i, fig in enumerate(figures):
         at = f"{where}.figures.{i}"
-        _keys(fig, FIGURE_KEYS, at)
+        _keys(fig, FIGURE_KEYS, at, _NEED_FIGURE)
+        check_sourcing(fig, at)
         if fig["measure"] not in MEASURES:
             raise SuiteError(f"{at}.measure={fig['measure']!r} is not known; choose one of {', '.join(MEASURES)}")
         units = MEASURES[fig["measure"]][1]
@@ -138,6 +174,10 @@ def check_reference(reference: dict, arms, where: str = "reference") -> dict:
         if fig["compare"] == "ratio" and _published_baseline(reference, fig) is None:
             raise SuiteError(f"{at}.compare=ratio needs a baseline (the figure's or reference.baseline) and a "
                              f"figure of that published arm with measure {fig['measure']}")
+    if reference.get("verdicts") is not None:
+        study_tables.check_verdicts(reference["verdicts"], arms, f"{where}.verdicts")
+        for i, row in enumerate(reference["verdicts"]):
+            entries(row["source"], f"{where}.verdicts.{i}.source")
     return reference
 
 
@@ -155,6 +195,8 @@ def load(path) -> dict:
                          f"suite.study wrote")
     check_reference(study["reference"], study["arms"], f"{path}: reference")
     baselines(study["arms"], study["baseline"])
+    if study.get("thresholds") is not None:
+        study_tables.check_thresholds(study["thresholds"], f"{path}: thresholds")
     return study
 
 
@@ -206,9 +248,10 @@ def _row(fig: dict, study: dict, runs) -> dict:
         shown_arm += f" (the published program is not run by this suite yet: {fig['not_run']})"
     row = {"published_arm": fig["published"], "ours_arm": shown_arm,
            "measure": f"{fig['what']} (ours: {MEASURES[measure][0]})",
+           "source": ", ".join(entries(fig["source"], "source")),
            "hardware": fig.get("hardware") or reference["hardware"],
            "published": f"{_num(fig['value'])} {unit}", "ours": "", "compare": fig["compare"],
-           "published_compared": "", "ours_compared": "", "differs": ""}
+           "published_compared": "", "ours_compared": "", "differs": "", "because": because(fig)}
     theirs = fig["value"]
     our_base = baselines(study.get("arms", {}), study.get("baseline")).get(fig.get("ours"), study.get("baseline"))
     if fig["compare"] == "ratio":
@@ -224,7 +267,6 @@ def _row(fig: dict, study: dict, runs) -> dict:
     ours = sum(values) / len(values)
     row["ours"] = f"{_num(ours)} {unit}" + (f" (mean of {len(values)}, min-max {_num(min(values))}-"
                                              f"{_num(max(values))})" if len(values) > 1 else "")
-    why = f"; why: {fig['why']}" if fig.get("why") else ""
     if fig["compare"] == "absolute":
         data = {r.summary.get("data") for r in runs if r.arm == fig["ours"]}
         theirs_data = fig.get("data") or reference["data"]
@@ -232,19 +274,31 @@ def _row(fig: dict, study: dict, runs) -> dict:
             return {**row, "differs": f"not comparable: ours trained on {', '.join(sorted(map(str, data)))}, the "
                                       f"published figure on {theirs_data} (profile {study.get('profile')})"}
         return {**row, "published_compared": row["published"], "ours_compared": f"{_num(ours)} {unit}",
-                "differs": _which_way(ours, theirs, "ours is") + why}
+                "differs": _which_way(ours, theirs, "ours is")}
     base_values = _ours(runs, our_base, measure)
     if not base_values:
         return {**row, "differs": f"no completed run of the baseline arm {our_base}"}
     ours_ratio = _ratio(measure, ours, _in_unit(tables.mean(base_values), measure, unit))
     return {**row, "ours_compared": f"{ours_ratio:.3g}x",
-            "differs": _which_way(ours_ratio, theirs, f"our {MEASURES[measure][2]} is") + why}
+            "differs": _which_way(ours_ratio, theirs, f"our {MEASURES[measure][2]} is")}
+
+
+def because(fig: dict) -> str:
+    """The figure's ``why``, labelled: the reference-table rows it rests on, or ours (an assumption)."""
+    if not fig.get("why"):
+        return ""
+    labels = []
+    if fig.get("why_source") is not None:
+        labels.append("source: " + ", ".join(entries(fig["why_source"], "why_source")))
+    if fig.get("assumption"):
+        labels.append("our assumption")
+    return f"{fig['why']} [{'; '.join(labels)}]"
 
 
 COLUMNS = {"published_arm": "published arm", "ours_arm": "our arm", "measure": "measures",
-           "hardware": "published on", "published": "published", "ours": "ours", "compare": "compared as",
-           "published_compared": "published (compared)", "ours_compared": "ours (compared)",
-           "differs": "which way ours differs"}
+           "source": "source (docs/studies.md)", "hardware": "published on", "published": "published",
+           "ours": "ours", "compare": "compared as", "published_compared": "published (compared)",
+           "ours_compared": "ours (compared)", "differs": "which way ours differs", "because": "differs because"}
 
 
 def header(study: dict) -> str:

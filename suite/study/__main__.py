@@ -12,7 +12,10 @@ launch, tracking) plus:
   arm's ``baseline`` (the arm its ratios divide by) and its own ``profiles`` (override sets applied
   after the arm's, e.g. each model's data set per profile); ``baseline``: the arm the ratios of
   arms naming none divide by.
-- ``reference``: the published figures per arm (``analysis.study`` says what each key means).
+- ``reference``: the published figures per arm (``analysis.study`` says what each key means), and
+  optionally the source's verdict matrix (``verdicts``).
+- ``thresholds``: optional, ``{metric: [values]}``: the report's epochs-to-threshold table
+  (``analysis.study_tables``).
 
 Every arm runs through ``python -m suite.submit`` (one call per arm, its repeats a seed sweep),
 into ``DIR/<name>-<profile>-<time>/runs/``; that folder also gets each arm's resolved recipe
@@ -63,7 +66,7 @@ def _main(args) -> int:
             return _submit_all(recipes, Path(tmp), ["--dry-run"])
     folder = _new_folder(Path(args.out), f"{raw['name']}-{args.profile}")
     spec = {"name": raw["name"], "profile": args.profile, "repeats": repeats, "baseline": study.get("baseline"),
-            "arms": study["arms"], "reference": study["reference"]}
+            "arms": study["arms"], "reference": study["reference"], "thresholds": study.get("thresholds")}
     (folder / "study.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     code = _submit_all(recipes, folder, ["--out", str(folder / "runs")])
     if code == 2 and not list(folder.glob("runs/*/summary.json")):

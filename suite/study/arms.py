@@ -43,9 +43,12 @@ def split(path) -> tuple[dict, dict]:
     if "reference" not in study:
         raise SuiteError(f"study {path}: reference is required (the published figures per arm)")
     from analysis.study import baselines, check_reference  # start-up: loads analysis only when this runs
+    from analysis.study_tables import check_thresholds  # start-up: as analysis.study above
 
     baselines(arms, study.get("baseline"))
     check_reference(study["reference"], arms)
+    if "thresholds" in study:
+        check_thresholds(study["thresholds"])
     return raw, study
 
 

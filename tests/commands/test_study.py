@@ -55,14 +55,15 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
         assert read_json(p)["run_id"] in page
     rows = _csv(folder / "published_vs_ours.csv")
     assert [r["published"] for r in rows] == ["46.18 s", "35.49 s", "29.21 s", "17.46 s", "0.8922 fraction",
-                                              "0.2878 nats", "0.8753 fraction",
+                                              "0.2878 nats", "0.8753 fraction", "0.3565 nats",
                                               "46.18 s", "29.21 s", "17.46 s", "0.8753 fraction"]  # TensorFlow's
     for row in rows:
         assert row["published"] in page
-    by_arm = {(r["published_arm"], r["published"]): r for r in rows[:7]}  # the PyTorch analogues
+    by_arm = {(r["published_arm"], r["published"]): r for r in rows[:8]}  # the PyTorch analogues
     mpi = by_arm[("S2 with MPI", "35.49 s")]
     assert mpi["ours_arm"] == "mpi" and mpi["published_compared"] == "1.3x"
-    assert "parameters were synced" in mpi["differs"] and "through MPI" in mpi["differs"]
+    assert "syncs the model parameters" in mpi["because"] and "through MPI" in mpi["because"]
+    assert mpi["because"].endswith("[source: FM-S2-code, FM-S2-log]") and mpi["source"] == "FM-S2-time"
     summaries = {}
     for p in (folder / "runs").glob("*/summary.json"):
         arm = yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"]
@@ -72,12 +73,14 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
     assert ddp["ours"].startswith(f"{mean['ddp']:.4g} s (mean of 2")
     assert ddp["published_compared"] == f"{46.18 / 29.21:.3g}x"
     assert ddp["ours_compared"] == f"{mean['single'] / mean['ddp']:.3g}x"
-    assert "speed-up is" in ddp["differs"] and "why: our global batch stays 32" in ddp["differs"]
-    tf_rows = {r["ours_arm"].split()[0]: r for r in rows[7:]}  # TensorFlow's arms, against tf_single
+    assert "speed-up is" in ddp["differs"] and ddp["because"].startswith("our global batch stays 32")
+    assert ddp["because"].endswith("[source: FM-S3; our assumption]")
+    tf_rows = {r["ours_arm"].split()[0]: r for r in rows[8:]}  # TensorFlow's arms, against tf_single
     assert tf_rows["tf_mirrored"]["ours_compared"] == f"{mean['tf_single'] / mean['tf_mirrored']:.3g}x"
     assert tf_rows["tf_mirrored_loop"]["compare"].endswith("ours vs tf_single")
     # The cpu profile trains on digits: the accuracy reached is not set beside Fashion-MNIST's.
     assert by_arm[("S1 without MPI", "0.8922 fraction")]["differs"].startswith("not comparable: ours trained on digits")
+    assert by_arm[("S1 without MPI", "0.3565 nats")]["source"] == "FM-S1-test-loss"  # the published test loss
 
 
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
@@ -88,6 +91,10 @@ def test_tables_and_plots_name_the_arm(finished):
     assert {r["arm"] for r in throughput} == arms
     assert {r["runs"] for r in throughput} == {"2"}  # the two seeds are repeats of one experiment
     assert {r["arm"] for r in _csv(folder / "runs.csv")} == arms
+    # epochs to the study's thresholds: one row per arm and threshold; the torch arms take the same steps
+    reached = {(r["arm"], r["threshold"]): r for r in _csv(folder / "epochs_to_threshold.csv")}
+    assert {arm for arm, _ in reached} == arms and {t for _, t in reached} == {"0.8", "0.9"}
+    assert len({reached[(arm, "0.8")]["epochs"] for arm in ("single", "ddp", "allreduce", "mpi")}) == 1
     # one plot per baseline arm: the torch arms beside single, the TensorFlow arms beside tf_single
     assert sorted(p.name for p in (folder / "plots").glob("steps-*.png")) == ["steps-single.png", "steps-tf_single.png"]
 
@@ -138,13 +145,13 @@ def test_published_vs_ours_ratios_absolutes_and_directions():
 
     figures = [
         {"published": "one", "ours": "single", "measure": "train_time_s", "value": 40.0, "unit": "s",
-         "what": "time", "compare": "ratio"},
+         "what": "time", "compare": "ratio", "source": "X-one"},
         {"published": "two", "ours": "ddp", "measure": "train_time_s", "value": 0.5, "unit": "min",
-         "what": "time", "compare": "ratio", "why": "we share cores"},
+         "what": "time", "compare": "ratio", "why": "we share cores", "assumption": True, "source": "X-two"},
         {"published": "one", "ours": "single", "measure": "final_train_accuracy", "value": 80.0, "unit": "%",
-         "what": "accuracy", "compare": "absolute"},
+         "what": "accuracy", "compare": "absolute", "source": "X-one-acc"},
         {"published": "mpi", "measure": "train_time_s", "value": 1.0, "unit": "s", "what": "time",
-         "compare": "absolute", "not_run": "no MPI here"},
+         "compare": "absolute", "not_run": "no MPI here", "source": "X-mpi"},
     ]
     reference = {"source": "A title", "hardware": "a GPU", "data": "fashion_mnist", "baseline": "one",
                  "figures": figures}
@@ -157,7 +164,8 @@ def test_published_vs_ours_ratios_absolutes_and_directions():
     # theirs: 40 s / 30 s = 1.33x; ours: 12 s / 8 s = 1.5x, higher
     assert ddp["published_compared"] == "1.33x" and ddp["ours"] == "0.1333 min"
     assert ddp["ours_compared"] == "1.5x"
-    assert ddp["differs"] == "our speed-up is higher (1.12x theirs); why: we share cores"
+    assert ddp["differs"] == "our speed-up is higher (1.12x theirs)"
+    assert ddp["because"] == "we share cores [our assumption]" and ddp["source"] == "X-two"
     assert acc["ours"] == "85 % (mean of 2, min-max 80-90)" and acc["differs"] == "ours is higher (1.06x theirs)"
     assert mpi["differs"] == "not run by this suite yet: no MPI here" and mpi["ours"] == ""
     digits = [_run("single", "digits", 10.0, 0.8)]
@@ -232,15 +240,16 @@ def test_ratios_divide_by_the_arms_baseline_and_the_figures_published_baseline()
 
     figures = [
         {"published": "A 1 GPU", "ours": "a-single", "measure": "epoch_time_s", "value": 20.0, "unit": "s",
-         "what": "time", "compare": "ratio"},
+         "what": "time", "compare": "ratio", "source": "X-a1"},
         {"published": "A 2 GPU", "ours": "a-ddp", "measure": "epoch_time_s", "value": 10.0, "unit": "s",
-         "what": "time", "compare": "ratio"},
+         "what": "time", "compare": "ratio", "source": "X-a2"},
         {"published": "B 1 GPU", "ours": "b-single", "measure": "epoch_time_s", "value": 6.0, "unit": "s",
-         "what": "time", "compare": "ratio", "baseline": "B 1 GPU"},
+         "what": "time", "compare": "ratio", "baseline": "B 1 GPU", "source": "X-b1"},
         {"published": "B 2 GPU", "ours": "b-ddp", "measure": "epoch_time_s", "value": 2.0, "unit": "s",
-         "what": "time", "compare": "ratio", "baseline": "B 1 GPU", "why": "other GPUs"},
+         "what": "time", "compare": "ratio", "baseline": "B 1 GPU", "why": "other GPUs", "why_source": "X-hw",
+         "source": "X-b2"},
         {"published": "B 1 GPU", "ours": "b-single", "measure": "final_train_accuracy", "value": 0.5,
-         "unit": "fraction", "what": "acc", "compare": "absolute", "data": "imdb"},
+         "unit": "fraction", "what": "acc", "compare": "absolute", "data": "imdb", "source": "X-b1-acc"},
     ]
     arms = {"a-single": {}, "a-ddp": {"baseline": "a-single"}, "b-single": {}, "b-ddp": {"baseline": "b-single"}}
     reference = {"source": "T", "hardware": "h", "data": "not stated", "baseline": "A 1 GPU", "figures": figures}
@@ -258,7 +267,7 @@ def test_ratios_divide_by_the_arms_baseline_and_the_figures_published_baseline()
     # B's ddp divides by b-single (9 / 6 = 1.5x), theirs by "B 1 GPU" (6 / 2 = 3x), not by A's
     assert b2["published_compared"] == "3x" and b2["ours_compared"] == "1.5x"
     assert b2["compare"] == "ratio: speed-up vs B 1 GPU / ours vs b-single"
-    assert b2["differs"] == "our speed-up is lower (0.50x theirs); why: other GPUs"
+    assert b2["differs"] == "our speed-up is lower (0.50x theirs)" and b2["because"] == "other GPUs [source: X-hw]"
     assert b1["ours_compared"] == "1x" and a1["compare"].endswith("ours vs a-single")
     # the figure's own data set decides comparability, not reference.data
     assert acc["differs"] == "ours is higher (1.20x theirs)"
