@@ -23,12 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py and sectio
 from common import ROOT, Bench, machine  # noqa: E402
 
 SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "batchnorm", "plan"]
+OPTIONAL = ["studies"]  # only when --only names it: three studies' cpu profiles, about 25 min on 2 cores
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/latest", help="folder for results.md, runs and report")
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help=f"comma-separated sections: {', '.join(SECTIONS)} (default: all of them), {', '.join(OPTIONAL)}")
     p.add_argument("--repeats", type=int, help="repetitions of each measurement (median taken); by default 15 for "
                    "overhead and 9 for tracking (2-3 %% targets; single runs spread by about 10 %% on a small "
                    "machine), 3 for the others")
@@ -36,9 +38,9 @@ def parse_args(argv):
     p.add_argument("--strategies", help="overhead section: only these (single, ddp, zero2, fsdp), e.g. to rerun one target")
     args = p.parse_args(argv)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
-    unknown = [name for name in args.only if name not in SECTIONS]
+    unknown = [name for name in args.only if name not in SECTIONS + OPTIONAL]
     if unknown:
-        p.error(f"--only {','.join(unknown)}: no such section; choose from {', '.join(SECTIONS)}")
+        p.error(f"--only {','.join(unknown)}: no such section; choose from {', '.join(SECTIONS + OPTIONAL)}")
     if args.strategies:
         args.strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if args.repeats is not None and args.repeats < 1:

@@ -42,7 +42,8 @@ class DataSpec:
     input_vocab: int | None = None
 
 
-_MODULES = ["synthetic", "digits", "vision", "tokens", "shapes", "segmentation_folder", "text", "text_synthetic", "custom"]
+_MODULES = ["synthetic", "digits", "vision", "tokens", "shapes", "segmentation_folder", "coco", "text", "text_synthetic",
+            "custom"]
 DATASETS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.data.{_m}")

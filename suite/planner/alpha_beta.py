@@ -15,6 +15,8 @@ of the algorithm assumed for each kind (``FACTORS``):
     broadcast       binomial tree                          a = ceil(log2 N) b = ceil(log2 N)
     send, recv      one point-to-point message             a = 1            b = 1
     barrier         a one-element all_reduce               a = 2(N-1)       b = 0
+    reduce          binomial tree (as broadcast)           a = ceil(log2 N) b = ceil(log2 N)
+    gather, scatter the root exchanges with each peer      a = N-1          b = (N-1)/N
 
 The calibration measures at one world size (2 on one machine) and fits alpha and beta of each
 kind from it; the planner then evaluates the formula at any N. That the backend uses these
@@ -35,15 +37,20 @@ FACTORS = {
     "send": lambda n: (1, 1),
     "recv": lambda n: (1, 1),
     "barrier": lambda n: (2 * (n - 1), 0),
+    "reduce": lambda n: (math.ceil(math.log2(n)), math.ceil(math.log2(n))),
+    "gather": lambda n: (n - 1, (n - 1) / n),
+    "scatter": lambda n: (n - 1, (n - 1) / n),
 }
 FORMULAS = {
     "all_reduce": "2(N-1)·α + 2(N-1)/N · n/β", "all_gather": "(N-1)·α + (N-1)/N · n/β",
     "reduce_scatter": "(N-1)·α + (N-1)/N · n/β", "all_to_all": "(N-1)·α + (N-1)/N · n/β",
     "broadcast": "⌈log2 N⌉·(α + n/β)", "send": "α + n/β", "recv": "α + n/β", "barrier": "2(N-1)·α",
+    "reduce": "⌈log2 N⌉·(α + n/β)", "gather": "(N-1)·α + (N-1)/N · n/β", "scatter": "(N-1)·α + (N-1)/N · n/β",
 }
 # Timed by the calibration: send and recv are one measurement (a ping-pong, half the round trip).
 MEASURED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
-BORROWED = {"recv": "send", "all_to_all": "all_gather", "barrier": "all_reduce"}
+BORROWED = {"recv": "send", "all_to_all": "all_gather", "barrier": "all_reduce", "reduce": "broadcast",
+            "gather": "all_gather", "scatter": "all_gather"}
 
 
 def call_time_s(kind: str, world: int, n_bytes: float, alpha_s: float, beta_bytes_per_s: float,

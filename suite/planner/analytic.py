@@ -55,6 +55,9 @@ def model_step(recipe) -> dict:
             model = setup.build_model()
             inputs, targets = fake_batch(recipe, layout.accumulation_batch)
         optimizer = setup.make_optimizer(model.parameters())  # its step counters stay on the CPU: Adam reads them
+        outputs = []  # each top-level block's output bytes: what a pipeline stage may send on
+        hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(_tensor_bytes(out)))
+                 for block in model.children()]
         for _ in range(2):
             flops, passes, update = FlopCounterMode(display=False), LiveBytes(), LiveBytes()
             with flops, passes:
@@ -63,11 +66,21 @@ def model_step(recipe) -> dict:
             with update:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+    for hook in hooks:
+        hook.remove()
     sizes = [p.numel() * p.element_size() for p in model.parameters()]
-    return {"flops": int(flops.get_total_flops()) * layout.accumulation_steps,
+    return {"flops": int(flops.get_total_flops()) * layout.accumulation_steps, "boundary_bytes": max(outputs, default=0),
             "activation_bytes": max(passes.peak - sum(sizes), 0), "optimizer_bytes": update.peak,
             "parameter_bytes": sum(sizes), "largest_tensor_bytes": max(sizes, default=0),
             "parameter_tensors": len(sizes), "units": unit_bytes(model)}
+
+
+def _tensor_bytes(value) -> int:
+    if hasattr(value, "numel"):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
 
 
 def unit_bytes(model) -> list[int]:
@@ -103,7 +116,7 @@ def step_sizes(recipe, g: int, p: int, step: dict, parts: int = 1):
                      largest_tensor_bytes=step.get("largest_tensor_bytes", 0),
                      model_parameter_bytes=step.get("parameter_bytes", 0),
                      optimizer_bytes=step.get("optimizer_bytes", 0), parts=parts,
-                     cuda=uses_cuda(recipe.launch.device))
+                     cuda=uses_cuda(recipe.launch.device), boundary_bytes=step.get("boundary_bytes", 0))
 
 
 def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, int]]:
@@ -148,14 +161,15 @@ def optimizer_temporaries(recipe, step: dict, parts: int) -> int:
     return recipe.strategy.optimizer_temporary_bytes(step_sizes(recipe, stage_bytes, stage_bytes, step, parts))
 
 
-def profile(recipe, world_size: int, reason: str) -> StepProfile:
+def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> StepProfile:
     """The analytic StepProfile of ``recipe`` (already at ``world_size``); ``reason``: why the
-    fake run could not be used, kept in ``notes``."""
+    fake run could not be used, kept in ``notes``; ``step``: ``model_step(recipe)`` where the
+    caller counted it already (the advisor counts each batch once)."""
     from suite.planner.memory import predicted_held_bytes  # start-up: loads suite.planner only when this runs
 
     strategy_rules(recipe.strategy)  # every rule declared, before a second is spent on the model
     layout = recipe.layout()
-    step = model_step(recipe)
+    step = step or model_step(recipe)
     stages = layout.degree("pipeline")
     parts = max(1, recipe.world_size // layout.dp_size)  # ranks sharing one replica: pipeline stages x tensor ranks
     estimate = predicted_held_bytes(recipe)
@@ -168,7 +182,7 @@ def profile(recipe, world_size: int, reason: str) -> StepProfile:
     notes = [f"analytic: {reason}", "peak = held + the strategy's buffers + the larger of the passes "
              "(activations, gathered units) and the optimizer's update (its temporaries)"]
     if stages > 1:
-        notes.append("send/recv between stages not counted")
+        notes.append("messages between stages sized by the largest top-level block's output")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
                        flops=step["flops"] // parts, samples=recipe.training.batch_size,

@@ -24,6 +24,7 @@ A process may run this once: the process group and patched globals are not undon
 """
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from contextlib import ExitStack
@@ -136,8 +137,12 @@ def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
     return analytic.profile(at_world(recipe, world_size), world_size, reason)
 
 
-def _child(recipe, world_size, conn, try_fake) -> None:
+def _child(recipe, world_size, conn, try_fake, quiet) -> None:
     torch.set_num_threads(1)
+    if quiet:  # what the real code prints on its way to failing on fake tensors: the parent says it in one line
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
     try:
         conn.send(("ok", plan_point(recipe, world_size, try_fake).to_dict()))
     except BaseException as e:  # the parent reports it in one line
@@ -151,11 +156,11 @@ class Job:
     """``plan_point`` in a forked child: the fake process group and the patched globals die
     with it. ``poll()`` is None while it runs, then ("ok", StepProfile) or ("error", line)."""
 
-    def __init__(self, recipe, world_size: int, timeout_s: float, try_fake: bool = False):
+    def __init__(self, recipe, world_size: int, timeout_s: float, try_fake: bool = False, quiet: bool = False):
 
         context = multiprocessing.get_context("fork")  # the parent's imports (torch) come for free
         self._conn, child_end = context.Pipe(duplex=False)
-        self.process = context.Process(target=_child, args=(recipe, world_size, child_end, try_fake), daemon=True)
+        self.process = context.Process(target=_child, args=(recipe, world_size, child_end, try_fake, quiet), daemon=True)
         self.started = time.monotonic()
         self.timeout_s = timeout_s
         self.process.start()

@@ -21,8 +21,15 @@ copy rate: the bytes one thread copies per second into a freshly allocated buffe
 node; ranks copying at once on separate cores are assumed not to slow each other's copies. A
 calibration older than this rate predicts no copy time (``copy_s`` 0).
 
-comm: the fits timed at the run's world size (``collectives_by_world``) where the calibration
-has them, else those of its first world size.
+comm: each kind over its group (``group_of``: the mesh axes the strategy declares for the kind,
+``comm_axes``, else its data-parallel axes): N is the group's size, and the link class is
+``inter`` where its ranks sit on more than one node, ``intra`` within one (``hardware.link_fits``). A calibration
+of one node without link classes: the fits timed at the run's world size
+(``collectives_by_world``) where it has them, else those of its first world size.
+
+rate, where the model was timed when predicting (``suite.planner.model_time``): its step's rate
+at this rank's threads, times the core share. A preset of other hardware (``per_device``): the
+device's peak at the recipe's precision times the preset's assumed efficiency.
 
 overlap: every strategy's own rule (``overlap`` on its options class, ``suite.strategies.costs.
 Overlap``; docs/architecture.md, "A strategy's rules"): the share of each collective kind's time
@@ -35,7 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from suite.common.errors import SuiteError
-from suite.planner import alpha_beta
+from suite.planner import alpha_beta, hardware
 from suite.planner.profile import StepProfile
 import hashlib
 
@@ -86,12 +93,18 @@ def options_of(recipe) -> dict:
     layout = recipe.layout()
     return {"name": recipe.strategy.name, "stage": getattr(recipe.strategy, "stage", None), "strategy": recipe.strategy,
             "stages": layout.axes.get("pipeline", 1), "chunks": layout.pipeline_chunks,
-            "ranks_per_node": recipe.launch.tasks_per_node, "model": model_key(recipe), "device": recipe.launch.device}
+            "ranks_per_node": recipe.launch.tasks_per_node, "model": model_key(recipe), "device": recipe.launch.device,
+            "layout": layout, "precision": recipe.training.precision}
 
 
-def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = None) -> tuple[float, str]:
+def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = None,
+                 precision: str = "fp32") -> tuple[float, str]:
     """(FLOP/s of one rank, how it was found)."""
     c = calibration["compute"]
+    if c.get("per_device"):  # a preset (suite.planner.hardware): the device's peak x an assumed share
+        peak = c["peak_flops_per_s_by_precision"][precision if precision in c["peak_flops_per_s_by_precision"] else "fp32"]
+        return peak * c["efficiency"], (f"{precision} peak {peak / 1e12:.0f} TFLOP/s x {c['efficiency']:.0%} "
+                                        f"assumed achieved (from specs, not measured)")
     by_threads = {int(t): r for t, r in c["peak_flops_per_s_by_threads"].items()}
     cores = c["cores"]
     threads = max(1, cores // max(1, ranks_per_node))
@@ -102,6 +115,9 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
     if together:  # measured with as many ranks stepping at once: threads, batch and contention included
         return together["flops_per_s"], (f"the model's rate measured with {together['ranks_per_node']} rank(s) "
                                           f"stepping at once, {together['threads']} thread(s) each")
+    if m and m.get("timed") and m["threads"] == threads:  # suite.planner.model_time, at this rank's threads
+        return m["flops_per_s"] * share, (f"the model's step timed at rank batch {m['rank_batch']} on {threads} "
+                                          f"thread(s) when predicted" + (f" x core share {share:.2f}" if share < 1 else ""))
     if m:
         efficiency = m["flops_per_s"] / (by_threads.get(m["threads"]) or peak)
         return peak * share * efficiency, (f"peak at {threads} thread(s) x model efficiency {efficiency:.2f}"
@@ -120,23 +136,46 @@ def copy_time_s(profile: StepProfile, calibration: dict, ranks_per_node: int) ->
     thread's copy rate."""
     c = calibration["compute"]
     rate = c.get("copy_bytes_per_s")
-    if not profile.copy_bytes or not rate:
+    if not profile.copy_bytes or not rate or c.get("per_device"):  # a GPU's copies: at memory bandwidth, not modelled
         return 0.0
     return profile.copy_bytes / (rate * core_share(c["cores"], ranks_per_node))
 
 
-def comm_time_s(profile: StepProfile, calibration: dict) -> dict[str, float]:
-    """Seconds per step of each collective kind the profile uses."""
-    # The fit at this world size where the calibration timed one (at more ranks than cores, peers
-    # wait for a core: the alpha-beta formulas' extrapolation over N cannot carry that).
-    fits = (calibration.get("collectives_by_world") or {}).get(str(profile.world_size)) or calibration["collectives"]
+def group_of(kind: str, options: dict, profile: StepProfile) -> tuple[int, str]:
+    """(ranks in the group a collective of ``kind`` runs over, ``inter`` where it spans nodes
+    else ``intra``): the mesh axes the strategy declares for the kind (``comm_axes``), else
+    its data-parallel axes; the whole world where no layout is given."""
+    per_node = options.get("ranks_per_node") or profile.world_size
+    layout = options.get("layout")
+    if layout is None:
+        return profile.world_size, "inter" if profile.world_size > per_node else "intra"
+    strategy = options.get("strategy")
+    declared = (getattr(strategy, "comm_axes", None) or {}).get(kind, ())
+    names = tuple(a for a in declared if a in layout.axes) or layout.data_axes
+    size = 1
+    for name in names:
+        size *= layout.axes[name]
+    if kind in ("send", "recv") and size > 1:
+        size = 2  # point to point: this rank and its neighbour
+    return size, "inter" if layout.group_span(names) > per_node else "intra"
+
+
+def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = None) -> dict[str, float]:
+    """Seconds per step of each collective kind the profile uses, over the link class its group
+    crosses (``hardware.link_fits``)."""
+    options = options or {}
+    by_world = (calibration.get("collectives_by_world") or {}).get(str(profile.world_size))
     out = {}
     for kind, calls in profile.comm_calls.items():
         if not calls:
             continue
+        # The fit at this world size where the calibration timed one (at more ranks than cores,
+        # peers wait for a core: the alpha-beta formulas' extrapolation over N cannot carry that).
+        size, link = group_of(kind, options, profile)
+        fits = by_world if by_world and not calibration.get("links") else hardware.link_fits(calibration, link)
         source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
         f = fits[source]
-        out[kind] = alpha_beta.call_time_s(kind, profile.world_size, profile.comm_bytes.get(kind, 0),
+        out[kind] = alpha_beta.call_time_s(kind, size, profile.comm_bytes.get(kind, 0),
                                            f["alpha_s"], f["beta_bytes_per_s"], calls)
     return out
 
@@ -153,6 +192,8 @@ def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> b
     nothing hidden; allreduce, whose reductions follow backward on every rank at once, as
     predicted (250 ms)."""
     device = options.get("device")
+    if calibration["compute"].get("per_device"):  # a GPU preset
+        return False
     if device not in ("cpu", "cuda"):  # "auto": what the calibration ran on
         device = "cuda" if calibration.get("backend") == "nccl" else "cpu"
     if device != "cpu":
@@ -169,10 +210,10 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     ranks_per_node (default: the world size, one node), model (to use its measured efficiency)."""
     options = {"name": profile.strategy, **(options or {})}
     ranks_per_node = options.get("ranks_per_node") or profile.world_size
-    rate, rate_note = compute_rate(calibration, ranks_per_node, options.get("model"))
+    rate, rate_note = compute_rate(calibration, ranks_per_node, options.get("model"), options.get("precision", "fp32"))
     compute_s = profile.flops / rate
     copy_s = copy_time_s(profile, calibration, ranks_per_node)
-    per_kind = comm_time_s(profile, calibration)
+    per_kind = comm_time_s(profile, calibration, options)
     comm_s = sum(per_kind.values())
     _, overlap = rule(options)
     window_s = compute_s * (BACKWARD_SHARE if overlap.window == "backward" else 1.0)

@@ -48,6 +48,9 @@ class StrategyOptions(BaseModel):
     overlap: ClassVar[Optional[Overlap]] = None
     cannot_fake: ClassVar[Optional[str]] = None
     search_space: ClassVar[Optional[Callable]] = None
+    # The mesh axes each collective kind of its comm_rule runs over, where not the data-parallel
+    # axes (the default): the time model sizes the group (N) and the link it crosses by them.
+    comm_axes: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def mesh_axes(self) -> list[Axis]:
         """The mesh axes and their degrees (None: filled from the world size). Plain data

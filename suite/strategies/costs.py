@@ -71,12 +71,23 @@ class StepSizes:
     optimizer_bytes: int = 0  # the bare model's optimizer temporaries (all of them, not split)
     parts: int = 1  # ranks sharing one replica (pipeline stages x tensor ranks)
     cuda: bool = False  # the rank computes on a GPU
+    boundary_bytes: int = 0  # the largest output of a top-level block, at the accumulation batch
 
 
 def data_parallel_all_reduce(step: StepSizes) -> Comm:
     """The data-parallel rule: one all-reduce of the rank's gradients over its data-parallel
     group, when it has peers."""
     return {"all_reduce": (step.gradient_bytes, 1)} if step.layout.dp_size > 1 else {}
+
+
+def stage_messages(step: StepSizes) -> Comm:
+    """A pipeline's messages between stages, as its first stage (rank 0) sees them: each chunk's
+    activation sent forward and its gradient received back, at most the largest output of a
+    top-level block (where the split falls is the strategy's choice)."""
+    chunks = step.layout.pipeline_chunks
+    if step.layout.degree("pipeline") < 2 or not step.boundary_bytes:
+        return {}
+    return {"send": (step.boundary_bytes, chunks), "recv": (step.boundary_bytes, chunks)}
 
 
 def sharded_units(step: StepSizes, gathers: int) -> Comm:

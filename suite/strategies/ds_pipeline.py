@@ -41,10 +41,12 @@ class Options(StrategyOptions):
     def pipeline_chunks(self) -> int:
         return self.micro_batches
 
+    comm_axes: ClassVar = {"send": ("pipeline",), "recv": ("pipeline",)}  # between neighbouring stages
+
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
-        # The stage's gradients over its data-parallel group; the activations sent between
-        # stages are not counted (no fake run saw them).
-        return costs.data_parallel_all_reduce(step)
+        # The stage's gradients over its data-parallel group, and the activations and their
+        # gradients between stages.
+        return {**costs.data_parallel_all_reduce(step), **costs.stage_messages(step)}
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:

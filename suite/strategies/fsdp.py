@@ -50,9 +50,17 @@ class Options(costs.ShardedUnits, StrategyOptions):
             held["parameters"] = total["parameters"]
         return held
 
+    # Units gathered and reduce-scattered within a shard group; with replicas (HSDP) each shard's
+    # gradients are then all-reduced across the replicas.
+    comm_axes: ClassVar = {"all_gather": ("shard",), "reduce_scatter": ("shard",), "all_reduce": ("replicate",)}
+
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
         # Gathered before each unit's forward, and again before its backward where forward freed them.
-        return costs.sharded_units(step, gathers=2 if self.reshard_after_forward else 1)
+        comm = costs.sharded_units(step, gathers=2 if self.reshard_after_forward else 1)
+        if self.replicate > 1:
+            shard = step.layout.degree("shard")
+            comm["all_reduce"] = (step.gradient_bytes // shard, len(step.units) or 1)
+        return comm
 
     def copy_bytes(self, comm_bytes: dict[str, int], layout) -> int:
         """FSDP2 keeps each parameter's shard apart, so each gather of a unit copies the rank's
@@ -64,7 +72,9 @@ class Options(costs.ShardedUnits, StrategyOptions):
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:
-        return [{"name": "fsdp", "reshard_after_forward": r} for r in (True, False)]
+        # Resharding after forward or not, and HSDP: replicas of shard groups of every size.
+        return [{"name": "fsdp", "reshard_after_forward": r} for r in (True, False)] + [
+            {"name": "fsdp", "replicate": world_size // shard} for shard in costs.divisors(world_size)[:-1]]
 
 
 class FSDPEngine(ModuleEngine):

@@ -103,6 +103,17 @@ class Layout:
             groups.setdefault(tuple(v for k, v in coords.items() if k not in self.data_axes), []).append(rank)
         return list(groups.values())
 
+    def group_span(self, names) -> int:
+        """How many consecutive ranks the group of rank 0 along the axes ``names`` covers (the
+        ranks that differ from it only along them): a group spans nodes when this exceeds the
+        ranks per node (ranks fill nodes in order)."""
+        stride, last = 1, 0
+        for name, degree in reversed(self.axes.items()):
+            if name in names:
+                last += (degree - 1) * stride
+            stride *= degree
+        return last + 1
+
     def device_mesh(self, ctx, *names: str):
         """A DeviceMesh over all ranks with the named axes (default: all); the ones left out
         must have degree 1."""

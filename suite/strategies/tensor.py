@@ -78,6 +78,8 @@ class Options(StrategyOptions):
     tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp
     overlap: ClassVar = costs.Overlap(why="the all-reduces sit inside each layer's forward and backward: nothing hidden")
     cannot_fake: ClassVar = ""
+    # The all-reduces inside the layers stay in the tensor-parallel group; FSDP2 over dp gathers.
+    comm_axes: ClassVar = {"all_reduce": ("tensor",)}
 
     def mesh_axes(self) -> list[Axis]:
         # Ranks of one tensor-parallel group read the same samples.

@@ -1,4 +1,4 @@
-"""``python -m suite.study STUDY.yaml [key.path=value ...] [--profile P] [--repeats N] [--out DIR] [--dry-run]``
+"""``python -m suite.study STUDY.yaml [key.path=value ...] [--profile P] [--repeats N] [--out DIR] [--dry-run] [--arms A,B]``
 
 A study reruns a published comparison and sets the published figures beside ours. Its recipe
 (``recipes/studies/*.yaml``) is a normal recipe (model, data, strategy, optimizer, training,
@@ -17,7 +17,7 @@ launch, tracking) plus:
 - ``thresholds``: optional, ``{metric: [values]}``: the report's epochs-to-threshold table
   (``analysis.study_tables``).
 
-Every arm runs through ``python -m suite.submit`` (one call per arm, its repeats a seed sweep),
+Every arm (or those ``--arms`` names, with the arms they divide by) runs through ``python -m suite.submit`` (one call per arm, its repeats a seed sweep),
 into ``DIR/<name>-<profile>-<time>/runs/``; that folder also gets each arm's resolved recipe
 (``recipes/<arm>.yaml``: rerun one with ``suite.submit``), ``study.yaml`` and the report
 (``analysis.report --study``), whose path is printed last. Overrides apply to every arm, last.
@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from suite.common.errors import SuiteError, one_line
-from suite.study.arms import DEFAULT_PROFILE, arm_recipes, check_arms, split
+from suite.study.arms import DEFAULT_PROFILE, arm_recipes, check_arms, chosen, split
 
 
 def parse_args(argv):
@@ -47,6 +47,7 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, help="runs per arm (default: the recipe's repeats)")
     p.add_argument("--out", default="studies", help="folder that gets the study's folder (default: studies/)")
     p.add_argument("--dry-run", action="store_true", help="check every arm with suite.submit --dry-run; train nothing")
+    p.add_argument("--arms", help="comma-separated arms to run (their baseline arms run too); default: all")
     return p.parse_intermixed_args(argv)
 
 
@@ -61,6 +62,8 @@ def _main(args) -> int:
         raise SuiteError(f"--repeats {repeats} must be >= 1")
     recipes = arm_recipes(raw, study, args.profile, repeats, args.overrides)
     check_arms(recipes)
+    if args.arms:
+        recipes = {arm: recipes[arm] for arm in chosen(args.arms, study)}
     if args.dry_run:
         with tempfile.TemporaryDirectory() as tmp:
             return _submit_all(recipes, Path(tmp), ["--dry-run"])

@@ -91,3 +91,17 @@ def check_arms(recipes: dict) -> None:
                 schema.validate(point)
         except SuiteError as e:
             raise SuiteError(f"arm {arm}: {e}") from None
+
+
+def chosen(names: str, study: dict) -> list[str]:
+    """``--arms a,b``: those arms and the baseline arms they divide by, in the study's order."""
+    from analysis.study import baselines  # start-up: loads analysis only when this runs
+
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in study["arms"]]
+    if unknown or not wanted:
+        raise SuiteError(f"--arms {names}: {', '.join(unknown) or 'no arm'} is not an arm of the study; its arms: "
+                         f"{', '.join(study['arms'])}")
+    base = baselines(study["arms"], study.get("baseline"))
+    keep = set(wanted) | {base[n] for n in wanted}
+    return [arm for arm in study["arms"] if arm in keep]

@@ -33,15 +33,15 @@ def certify_many(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
         raw = _short(recipe, steps, precision)
         progress(f"verify: {recipe.strategy.name} at world size {recipe.world_size} against single, {steps} "
                  f"steps, {precision} ({why})")
-        runs = {"strategy": _run("strategy", raw, Path(out), progress)}
+        runs = {"strategy": run_recipe("strategy", raw, Path(out), progress)}
         one = _as_single(raw)
         key = yaml.safe_dump({**one, "name": None}, sort_keys=True)
         if key not in baselines:
             base = Path(runs["strategy"]) / "verify"
             floor = {**one, "name": one["name"] + "-floor",
                      "training": {**one["training"], "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF[precision]}}
-            found = {"single": _run("single", one, base / "single", progress),
-                     "floor": _run("floor", floor, base / "floor", progress)}
+            found = {"single": run_recipe("single", one, base / "single", progress),
+                     "floor": run_recipe("floor", floor, base / "floor", progress)}
             baselines[key] = (found, {role: _losses(Path(folder)) for role, folder in found.items()})
         found, base_losses = baselines[key]
         runs.update(found)
@@ -96,7 +96,7 @@ def _as_single(raw: dict) -> dict:
     return {**raw, "name": raw["name"] + "-single", "strategy": {"name": "single"}, "launch": launch}
 
 
-def _run(role: str, raw: dict, out: Path, progress) -> str:
+def run_recipe(role: str, raw: dict, out: Path, progress) -> str:
     """One run through ``python -m suite.submit`` into ``out``; its run folder. The recipe it ran
     and the command's output are kept in the run's ``verify/`` (the output is shown where it fails)."""
     out.mkdir(parents=True, exist_ok=True)

@@ -278,3 +278,13 @@ def test_ratios_divide_by_the_arms_baseline_and_the_figures_published_baseline()
     bad = [dict(figures[3], baseline="C 1 GPU")]
     with pytest.raises(Exception, match=r"figures.0.compare=ratio needs a baseline \(the figure's or reference"):
         check_reference({**reference, "figures": bad}, arms)
+
+
+def test_arms_runs_the_named_arms_with_their_baselines(capsys):
+    raw, spec = arms.split("recipes/studies/six_models_ddp.yaml")
+    assert arms.chosen("mlp-ddp,cnn-single", spec) == ["cnn-single", "mlp-single", "mlp-ddp"]
+    assert study.main([STUDY, "--arms", "ddp", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("nothing launched (--dry-run)") == 2  # single (its baseline) and ddp
+    assert study.main([STUDY, "--arms", "ddp,tpu", "--dry-run"]) == 2
+    assert capsys.readouterr().err == ("error: --arms ddp,tpu: tpu is not an arm of the study; its arms: single, ddp, "
+                                       "allreduce, mpi, tf_single, tf_mirrored, tf_mirrored_loop\n")

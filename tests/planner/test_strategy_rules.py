@@ -63,7 +63,9 @@ def test_each_search_space_validates_as_the_strategys_options(name, world):
 
 def test_the_search_spaces_offer_the_choices_that_matter():
     assert [v["stage"] for v in STRATEGIES["zero"].Options.search_space(4)] == [0, 1, 2, 3]
-    assert {v["reshard_after_forward"] for v in STRATEGIES["fsdp"].Options.search_space(4)} == {True, False}
+    fsdp = STRATEGIES["fsdp"].Options.search_space(8)
+    assert {v["reshard_after_forward"] for v in fsdp if "reshard_after_forward" in v} == {True, False}
+    assert sorted(v["replicate"] for v in fsdp if "replicate" in v) == [2, 4]  # HSDP: shard groups of 2 and 4 ranks
     tensor = STRATEGIES["tensor"].Options.search_space(8)
     assert sorted(v["tp"] for v in tensor) == [2, 4, 8] and all(v["dp"] * v["tp"] == 8 for v in tensor)
     pipeline = STRATEGIES["pipeline"].Options.search_space(4)

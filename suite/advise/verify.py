@@ -1,0 +1,47 @@
+"""``--verify K``: run the advisor's best K configurations for a few steps, as a user would run
+them (``python -m suite.submit``, through ``suite.verify.runs.run_recipe``), and set the measured
+median step time beside the prediction the advice was ranked by, so a user sees how far to trust
+the order."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+
+def _short(candidate, steps: int) -> dict:
+    # start-up: loads torch, pydantic, suite.recipe only when this runs
+    from suite import recipe as recipes
+
+    raw = yaml.safe_load(recipes.dump(candidate.recipe))
+    tr = raw["training"]
+    tr.update(max_steps=steps, epochs=max(tr.get("epochs", 1), steps), eval_every_epochs=0, checkpoint_every_steps=0)
+    raw["name"] = f"{raw['name']}-advise"
+    raw.pop("arm", None)
+    return raw
+
+
+def run(candidates, raw: dict, steps: int, out: Path, progress=print) -> str:
+    """Each candidate run for ``steps`` steps; the table of predicted against measured."""
+    # start-up: loads suite.verify only when this runs
+    from suite.common.errors import RunFailed, SuiteError
+    from suite.verify.runs import run_recipe  # start-up: loads suite.verify only when this runs
+
+    lines = [f"## Verified: the best {len(candidates)} run for {steps} steps", "",
+             "| # | configuration | predicted step ms | measured step ms | measured / predicted | run |",
+             "|---|---|---|---|---|---|"]
+    for i, c in enumerate(candidates, 1):
+        progress(f"verify {i}/{len(candidates)}: {c.name}")
+        try:
+            folder = run_recipe(f"advise-{i}", _short(c, steps), out / "verify", progress)
+            measured = json.loads((Path(folder) / "summary.json").read_text()).get("step_time_s")
+        except (RunFailed, SuiteError) as e:
+            lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | failed | | {' '.join(str(e).split())[:120]} |")
+            continue
+        ratio = f"{measured / c.step_s:.2f}" if measured and c.step_s else ""
+        lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | {measured * 1e3:.3g} | {ratio} | {folder} |")
+    text = "\n".join(lines) + "\n"
+    with open(out / "advice.md", "a") as f:
+        f.write("\n" + text)
+    return text

@@ -1,0 +1,108 @@
+"""Hardware profiles: what the time model (``suite.planner.timing``) knows of a cluster.
+
+A profile is a calibration (``python -m suite.calibrate`` measures one: ``suite.planner.calibration``)
+or a preset of public hardware built here from published specs, so that a cluster can be
+planned from a laptop (``--hardware h100``). Both carry:
+
+- ``compute``: the rate a rank computes at (a measured calibration: the matmul peak per thread
+  count, and the model's own rate timed when a prediction is made, ``suite.planner.model_time``;
+  a preset: the device's peak per precision and an assumed share of it, ``efficiency``);
+- ``links``: α-β fits per collective kind for each link class, ``intra`` (ranks of one node) and
+  ``inter`` (ranks on different nodes); ``collectives`` (the fits of the ranks the calibration
+  ran, the older name) stands for whichever it measured.
+
+A preset says so: ``from_specs`` is true and ``source`` names the specs; every output planned
+on it says its figures are from specs, not measured.
+
+Presets (NVIDIA's data sheets; DGX H100 / DGX A100 node layout: 8 GPUs on NVSwitch, one
+InfiniBand adapter per GPU):
+
+- ``h100``: H100 SXM5 80 GB. Dense BF16/FP16 tensor core 989 TFLOP/s, TF32 495, FP64 67, FP32
+  67 (CUDA cores); NVLink 4 900 GB/s per GPU in both directions (450 GB/s each way); NDR
+  InfiniBand 400 Gb/s per GPU (50 GB/s).
+- ``a100``: A100 SXM4 80 GB. Dense BF16/FP16 312 TFLOP/s, TF32 156, FP64 19.5, FP32 19.5;
+  NVLink 3 600 GB/s per GPU (300 GB/s each way); HDR InfiniBand 200 Gb/s per GPU (25 GB/s).
+
+Not in the data sheets, and so assumptions, stated in ``assumptions``: the share of peak a
+training step achieves (``EFFICIENCY``), the latency per message step α (NVLink/NVSwitch 10 µs,
+InfiniBand 20 µs: NCCL's small-message all-reduce takes tens of µs), and that NCCL's rings reach
+the link's one-way bandwidth (its "bus bandwidth").
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from suite.common.errors import SuiteError
+from suite.planner.alpha_beta import BORROWED, FORMULAS, MEASURED
+
+EFFICIENCY = 0.4  # share of the dense peak a training step achieves on a preset (an assumption)
+GB = 1e9
+
+PRESETS = {
+    "h100": {"device": "NVIDIA H100 SXM5 80 GB", "memory_bytes": 80 * 2**30, "per_node": 8,
+             "peak": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "fp64": 67e12},
+             "intra": ("NVLink 4 / NVSwitch", 450 * GB, 10e-6), "inter": ("InfiniBand NDR 400 Gb/s", 50 * GB, 20e-6),
+             "source": "NVIDIA H100 Tensor Core GPU data sheet (SXM5); DGX H100 user guide"},
+    "a100": {"device": "NVIDIA A100 SXM4 80 GB", "memory_bytes": 80 * 2**30, "per_node": 8,
+             "peak": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "fp64": 19.5e12},
+             "intra": ("NVLink 3 / NVSwitch", 300 * GB, 10e-6), "inter": ("InfiniBand HDR 200 Gb/s", 25 * GB, 20e-6),
+             "source": "NVIDIA A100 Tensor Core GPU data sheet (SXM4 80 GB); DGX A100 user guide"},
+}
+LINK_CLASSES = ("intra", "inter")
+
+
+def _fits(alpha_s: float, beta: float) -> dict:
+    kinds = set(MEASURED) | set(BORROWED)
+    return {k: {"alpha_s": alpha_s, "beta_bytes_per_s": beta, "formula": FORMULAS[k], "method": "from specs"}
+            for k in sorted(kinds)}
+
+
+def preset(name: str) -> dict:
+    """The profile of a preset (module doc); SuiteError naming the presets for an unknown one."""
+    spec = PRESETS.get(name.lower())
+    if spec is None:
+        raise SuiteError(f"--hardware {name}: no such preset or file; presets: {', '.join(PRESETS)}, "
+                         f"or a profile written by python -m suite.calibrate --out FILE")
+    (intra_name, intra_beta, intra_alpha), (inter_name, inter_beta, inter_alpha) = spec["intra"], spec["inter"]
+    return {"key": f"preset-{name.lower()}", "from_specs": True, "source": spec["source"], "backend": "nccl",
+            "device": spec["device"], "per_node": spec["per_node"], "memory_bytes": spec["memory_bytes"],
+            "compute": {"per_device": True, "peak_flops_per_s_by_precision": spec["peak"], "efficiency": EFFICIENCY},
+            "links": {"intra": {**_fits(intra_alpha, intra_beta), "link": intra_name},
+                      "inter": {**_fits(inter_alpha, inter_beta), "link": inter_name}},
+            "assumptions": [f"a training step achieves {EFFICIENCY:.0%} of the dense peak",
+                            f"α {intra_alpha * 1e6:.0f} µs within a node, {inter_alpha * 1e6:.0f} µs across nodes",
+                            "collectives reach the link's one-way bandwidth"]}
+
+
+def load(name_or_path: str | None, backend: str | None = None) -> dict | None:
+    """A profile: a preset's name, a calibration file, or (None) this host's stored calibration."""
+    # start-up: suite.planner.calibration reads the cache only when asked
+    from suite.planner import calibration
+
+    if name_or_path is None:
+        return calibration.load(backend=backend)
+    path = Path(name_or_path)
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError as e:
+            raise SuiteError(f"--hardware {name_or_path}: not a profile (JSON: {e})") from None
+    return preset(name_or_path)
+
+
+def link_fits(calibration: dict, link: str) -> dict:
+    """The α-β fits of a link class (``intra`` or ``inter``): the profile's own, else the
+    measured ``collectives`` (what it measured stands for both, and ``describe`` says so)."""
+    links = calibration.get("links") or {}
+    return links.get(link) or links.get("intra") or calibration["collectives"]
+
+
+def describe(calibration: dict) -> str:
+    """One line saying what the figures rest on."""
+    if calibration.get("from_specs"):
+        return (f"{calibration['device']} preset: figures from published specs, not measured "
+                f"({calibration['source']}); assumed: {'; '.join(calibration['assumptions'])}")
+    links = calibration.get("links") or {}
+    where = "within and across nodes" if "inter" in links else "within one node (across nodes assumed the same)"
+    return f"calibration {calibration.get('key', '?')} measured on {', '.join(calibration.get('hosts', []) or ['?'])}, links {where}"

@@ -1,0 +1,149 @@
+"""The model's compute, timed when a prediction is made: a few training steps of the user's own
+model, through the suite's own one-rank Engine (strategy ``single``: the recipe's loss, metrics
+and optimizer), at the batch one rank computes at once (the layout's accumulation batch), on the
+threads one rank gets. What Alpa, Galvatron and DeepSpeed's autotuner do: time the compute of the
+model at hand rather than assume a share of the machine's peak.
+
+Never the measured steps of the configuration being predicted: one rank, no strategy, no process
+group. The strategy's own costs (collectives, copies, bubble) are added by the time model
+(``suite.planner.timing``). The result is a rate, FLOP/s of the model's step as
+``torch.utils.flop_counter`` counts it, so that a strategy whose rank computes a part of the
+model (tensor ranks, pipeline stages: the profile's ``flops``) is timed at the same rate. A model
+whose step counts no FLOPs (embedding-bag only) has no rate; the peak is used and the
+prediction says so.
+
+Cached per host in the calibration folder (``model-times.json``), keyed by the model section, the
+batch, the precision and the threads: a sweep or the advisor times each model and batch once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+
+from suite.planner.calibration import cache_dir
+from suite.record.run_record import write_json_atomic
+
+CACHE_FILE = "model-times.json"
+WARMUP_STEPS = 2  # the first steps allocate and warm the allocator and the thread pool
+MIN_STEPS = 5
+MIN_WINDOW_S = 0.3  # at least this long, for models whose step is a millisecond
+
+
+def one_rank_recipe(recipe):
+    """The recipe as one rank of ``single`` at the batch a rank of ``recipe`` computes at once."""
+    # start-up: loads pydantic, yaml, suite.recipe, suite.strategies only when this runs
+    from suite import recipe as recipes
+    import yaml  # start-up: loads yaml only when this runs
+
+    layout = recipe.layout()
+    raw = yaml.safe_load(recipes.dump(recipe))
+    raw["strategy"] = {"name": "single"}
+    raw["launch"] = {**raw["launch"], "executor": "local", "nodes": 1, "tasks_per_node": 1}
+    raw["training"] = {**raw["training"], "batch_size": layout.accumulation_batch, "grad_accumulation": 1}
+    for key in ("balance", "balance_shares"):  # per-rank batch shares do not apply to one rank
+        raw["training"].pop(key, None)
+    return recipes.validate(raw)
+
+
+def cache_key(recipe, threads: int) -> str:
+    single = one_rank_recipe(recipe)
+    text = json.dumps({"model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
+                       "optimizer": single.optimizer.model_dump(mode="json"),
+                       "batch": single.training.batch_size, "precision": single.training.precision,
+                       "checkpointing": single.training.activation_checkpointing,
+                       "device": single.launch.device, "threads": threads}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def time_step(recipe, threads: int) -> dict:
+    """Time a few training steps of ``recipe``'s model as one rank computes them (module doc):
+    {"step_s", "flops", "flops_per_s" (None without FLOPs), "batch", "threads", "steps"}."""
+    import torch  # start-up: loads torch, numpy only when this runs
+
+    # start-up: loads torch, pydantic, suite.strategies only when this runs
+    from suite import strategies
+    # start-up: loads torch, suite.compat, suite.planner only when this runs
+    from suite.planner import analytic
+    # start-up: loads torch, suite.compat, suite.planner only when this runs
+    from suite.planner.counting import fake_batch
+    # start-up: loads torch, suite.strategies only when this runs
+    from suite.strategies import prepare
+    # start-up: loads torch, suite.strategies only when this runs
+    from suite.strategies.context import DistContext
+    # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
+    from suite.train.rank import make_setup
+
+    single = one_rank_recipe(recipe)
+    device = torch.device("cuda" if single.launch.device == "cuda" else "cpu")
+    flops = analytic.model_step(single)["flops"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]), prepare.default_dtype(single.training.precision):
+            ctx = DistContext(0, 1, 0, 1, device, "none", (device,))
+            engine = strategies.build(single.strategy, make_setup(single, ctx))
+            inputs, targets = fake_batch(single, single.training.batch_size)
+            if (dtype := prepare.input_dtype(single.training.precision)) is not None and inputs.is_floating_point():
+                inputs = inputs.to(dtype)
+            inputs, targets = inputs.to(device), targets.to(device)
+            for _ in range(WARMUP_STEPS):
+                engine.train_step(inputs, targets)
+            times, start = [], time.perf_counter()
+            while len(times) < MIN_STEPS or time.perf_counter() - start < MIN_WINDOW_S:
+                t0 = time.perf_counter()
+                engine.train_step(inputs, targets)
+                ctx.synchronize()
+                times.append(time.perf_counter() - t0)
+            engine.close()
+    finally:
+        torch.set_num_threads(before)
+    step_s = statistics.median(times)
+    return {"step_s": step_s, "flops": flops, "flops_per_s": flops / step_s if flops else None,
+            "batch": single.training.batch_size, "threads": threads, "steps": len(times)}
+
+
+def timed(recipe, threads: int, use_cache: bool = True) -> dict:
+    """``time_step``, from this host's cache where it timed the same model and batch before."""
+    path = cache_dir() / CACHE_FILE
+    key = cache_key(recipe, threads)
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if use_cache and key in cached:
+        return {**cached[key], "cached": True}
+    result = time_step(recipe, threads)
+    cached[key] = {**result, "model": recipe.model.name, "timed_at": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, cached)
+    except OSError:  # a read-only cache costs a re-timing next time, never the prediction
+        pass
+    return {**result, "cached": False}
+
+
+def rank_threads(calibration: dict, ranks_per_node: int) -> int:
+    """The threads one rank gets on a node of the calibration's cores (``suite.train.dist``'s rule)."""
+    cores = calibration["compute"].get("cores") or len(os.sched_getaffinity(0))
+    return max(1, cores // max(1, ranks_per_node))
+
+
+def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: int) -> dict:
+    """A copy of ``calibration`` carrying the model's timed rate (``timing.compute_rate`` reads
+    ``compute.models[model_key]``); unchanged where the model counts no FLOPs or the calibration
+    is a preset of other hardware (``from_specs``: the model cannot be timed on it from here)."""
+    if calibration.get("from_specs"):
+        return calibration
+    threads = rank_threads(calibration, ranks_per_node)
+    result = timed(recipe, threads)
+    if not result.get("flops_per_s"):
+        return calibration
+    compute = dict(calibration["compute"])
+    models = dict(compute.get("models") or {})
+    models[model_key] = {"flops_per_s": result["flops_per_s"], "threads": threads, "step_s": result["step_s"],
+                         "rank_batch": result["batch"], "timed": "when predicted"}
+    compute["models"] = models
+    return {**calibration, "compute": compute}

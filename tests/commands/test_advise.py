@@ -1,0 +1,102 @@
+"""python -m suite.advise as a user runs it: on this host's calibration with --verify (the best
+configurations run for a few steps, predicted beside measured), and on the H100 preset at 1,024
+ranks (hybrid and sharded configurations ranked; everything left out says why; nothing ranks
+that cannot run there; every figure said to come from specs)."""
+import csv
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def _env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # W&B as the recipe says (offline)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # this test's own calibration and model times
+    return env
+
+
+def _run(args, tmp_path, timeout=600):
+    return subprocess.run([sys.executable, "-m", "suite.advise", *args], capture_output=True, text=True,
+                          timeout=timeout, env=_env(tmp_path))
+
+
+def _clean(proc):
+    """No library warning, log line or traceback reaches the user (without --verbose)."""
+    both = proc.stdout + proc.stderr
+    assert "Traceback" not in both and "Warning" not in both and "WARNING" not in both, both[-3000:]
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A calibration of this host, as a user makes it once (no recipe), small messages only."""
+    home = tmp_path_factory.mktemp("advise")
+    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "--max-bytes", "262144"], capture_output=True,
+                          text=True, timeout=300, env=_env(home))
+    assert proc.returncode == 0, proc.stderr
+    return home
+
+
+def test_advise_verify_runs_the_best_and_sets_measured_beside_predicted(calibrated):
+    out = calibrated / "advice"
+    # key=value overrides anywhere on the line, before and after the options.
+    proc = _run(["--nodes", "1", "recipes/quickstart.yaml", "training.batch_size=32", "--per-node", "2",
+                 "--strategies", "ddp,allreduce,fsdp,zero:stage=2", "--top", "4", "training.epochs=2",
+                 "--verify", "3", "--verify-steps", "6", "--out", str(out)], calibrated)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    _clean(proc)
+    assert "on 1 node(s) x 2 = 2 ranks, global batch 32" in proc.stdout
+    ranked = list(csv.DictReader(open(out / "advice.csv")))
+    assert {r["configuration"] for r in ranked} == {"ddp", "allreduce", "fsdp", "zero:stage=2"}
+    assert all("launch.tasks_per_node=2" in r["launch"] for r in ranked)
+    steps = [float(r["step_ms"]) for r in ranked]
+    assert steps == sorted(steps)  # one global batch: best throughput = shortest step
+    verified = re.findall(r"^\| (\d) \| (\S+) \| ([\d.e+-]+) \| ([\d.e+-]+) \| ([\d.]+) \| (\S+) \|$", proc.stdout, re.M)
+    assert [v[1] for v in verified] == [r["configuration"] for r in ranked[:3]], proc.stdout
+    for _, _, predicted, measured, ratio, folder in verified:
+        assert float(measured) > 0 and abs(float(ratio) - float(measured) / float(predicted)) < 0.01 * float(ratio) + 0.01
+        assert os.path.exists(os.path.join(folder, "summary.json"))
+    assert "## Verified" in (out / "advice.md").read_text()
+
+
+def test_advise_at_1024_ranks_on_the_h100_preset(tmp_path):
+    out = tmp_path / "advice"
+    proc = _run(["recipes/tensor_transformer.yaml", "--nodes", "128", "--per-node", "8", "--hardware", "h100",
+                 "--weak-scaling", "--top", "40", "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _clean(proc)
+    text = proc.stdout
+    assert "figures from published specs, not measured" in text and "Figures from published specs" in text
+    ranked = list(csv.DictReader(open(out / "advice.csv")))
+    names = [r["configuration"] for r in ranked]
+    assert any(n.startswith("fsdp:replicate=") for n in names)  # hybrid sharding (HSDP)
+    assert any(n.startswith("tensor:") for n in names)  # tensor x data parallel
+    assert any(n.startswith(("fsdp", "zero:stage=3")) for n in names)  # sharded
+    throughput = [float(r["samples_per_s"]) for r in ranked]
+    assert throughput == sorted(throughput, reverse=True)
+    left_out = text.split("## Left out")[1]
+    lines = [line for line in left_out.splitlines() if line.startswith("- ")]
+    assert lines and all(re.match(r"- .+?: \S.{20,}", line) for line in lines)  # every exclusion has its reason
+    # Nothing ranks where it cannot run: one-process, one-node and asynchronous strategies are left out.
+    for name in ("single", "hogwild", "fairscale_pipe", "tf_single", "layer_split"):
+        assert not any(n == name or n.startswith(name + ":") for n in names), name
+        assert re.search(rf"^- (.*, )?{name}[:, ]", left_out, re.M), name
+    # A tensor degree that does not divide the model's 4 heads is left out, with that reason.
+    assert re.search(r"tensor:dp=128,tp=8.*must divide model.heads=4", left_out)
+
+
+def test_hogwild_beyond_one_node_is_left_out_with_the_reason(tmp_path):
+    proc = _run(["recipes/quickstart.yaml", "--nodes", "2", "--per-node", "2", "--hardware", "a100",
+                 "--strategies", "hogwild,ddp", "--out", str(tmp_path / "a")], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"^- hogwild: .*launch.nodes=2", proc.stdout, re.M)
+    assert "| 1 | ddp |" in proc.stdout
+
+
+def test_no_calibration_and_no_preset_is_one_line_naming_the_fix(tmp_path):
+    proc = _run(["recipes/quickstart.yaml", "--nodes", "1", "--per-node", "2"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "python -m suite.calibrate" in proc.stderr
+    proc = _run(["recipes/quickstart.yaml", "--hardware", "tpu9"], tmp_path)
+    assert proc.returncode == 2 and "presets: h100, a100" in proc.stderr
