@@ -30,7 +30,11 @@ for _m in _MODULES:
 
 
 def build(options, setup):
-    return STRATEGIES[options.name].build(options, setup)
+    engine = STRATEGIES[options.name].build(options, setup)
+    # What a checkpoint records of the engine (suite.train.checkpoint): its strategy, and whether
+    # its state is saved strategy-neutral, as the options declare.
+    engine.strategy, engine.no_neutral_checkpoint = options.name, options.no_neutral_checkpoint
+    return engine
 
 
 def import_early(names) -> list[str]:

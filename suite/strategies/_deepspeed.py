@@ -21,7 +21,7 @@ import logging
 import torch
 import torch.distributed as dist
 from suite.record.metrics import optimizer_state_bytes, tensor_bytes
-from suite.strategies import clip
+from suite.strategies import clip, neutral
 
 # DeepSpeed keys the recipe decides; setting them in strategy.config would let the two disagree.
 OWNED = {
@@ -279,6 +279,21 @@ class DeepSpeedEngine(Engine):
         states = [None] * self.dp_size
         states[self.dp_rank] = state["optimizer"]
         self.ds.optimizer.load_state_dict(states, load_from_fp32_weights=True)
+
+
+    def neutral_state(self) -> dict:
+        inner = ds_compat.inner_optimizer(self.ds)
+        if self.zero_stage == 0:  # the recipe's torch optimizer over the module's own parameters
+            return neutral.module_state(self.ds.module, inner)
+        return neutral.deepspeed_state(self.ds, inner)
+
+    def load_neutral_state(self, state: dict) -> None:
+        inner = ds_compat.inner_optimizer(self.ds)
+        if self.zero_stage == 0:
+            neutral.load_module_state(self.ds.module, inner, state)
+            return
+        gathered = quiet_import().zero.GatheredParameters if self.zero_stage == 3 else None
+        neutral.load_deepspeed_state(self.ds, inner, state, gathered)
 
 
 def full_module_state(engine, zero_stage: int, keep: bool) -> dict:

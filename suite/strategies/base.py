@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis, ModelInfo, Layout
-from suite.strategies import clip
+from suite.strategies import clip, neutral
 from suite.strategies.costs import Overlap, StepSizes
 from suite.strategies.engine import Engine, StepResult, StepSums, full_state
 from suite.record.metrics import optimizer_state_bytes, tensor_bytes
@@ -48,6 +48,11 @@ class StrategyOptions(BaseModel):
     overlap: ClassVar[Optional[Overlap]] = None
     cannot_fake: ClassVar[Optional[str]] = None
     search_space: ClassVar[Optional[Callable]] = None
+    # Why a checkpoint of this strategy cannot be resumed by another strategy or at another world
+    # size, or "" where it can: its engine's neutral_state maps its state to the plain model's
+    # names (suite.strategies.neutral), tested by tests/train/test_any_to_any_resume.py. A
+    # strategy says "" once that test covers it; suite.submit --resume refuses the rest before launch.
+    no_neutral_checkpoint: ClassVar[str] = "its engine's state is not mapped to the plain model's parameter names"
     # The mesh axes each collective kind of its comm_rule runs over, where not the data-parallel
     # axes (the default): the time model sizes the group (N) and the link it crosses by them.
     comm_axes: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -200,6 +205,12 @@ class ModuleEngine(Engine):
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def neutral_state(self) -> dict:
+        return neutral.module_state(self.module, self.optimizer)
+
+    def load_neutral_state(self, state: dict) -> None:
+        neutral.load_module_state(self.module, self.optimizer, state)
 
     def full_model_state(self) -> dict:
         return full_state(self.module, keep=self.setup.ctx.is_main)

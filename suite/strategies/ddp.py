@@ -22,6 +22,7 @@ class Options(StrategyOptions):
         {"all_reduce": DDP_SHARE}, "backward",
         "gradient buckets are all-reduced while backward computes the next ones; the last bucket "
         "always waits, and on CPU gloo's threads share the cores with backward: half assumed hidden")
+    no_neutral_checkpoint: ClassVar = ""  # torch DCP maps its state (suite.strategies.neutral)
     cannot_fake: ClassVar = ""
 
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:

@@ -101,6 +101,10 @@ class NoFullModelState(SuiteError):
     """A strategy's engine cannot hand over its whole model (``Engine.full_model_state``)."""
 
 
+class NoNeutralState(SuiteError):
+    """A strategy's engine does not map its state to the plain model's names (``Engine.neutral_state``)."""
+
+
 def full_state(module: torch.nn.Module, keep: bool) -> dict:
     """``module``'s state dict whole and on CPU, with the names of the module DDP wraps (if it
     does): sharded tensors (DTensor: FSDP2, tensor parallel, replicate) are all-gathered one at a
@@ -125,6 +129,10 @@ class Engine:
     """
     dp_rank: int = 0
     dp_size: int = 1
+    # Set by suite.strategies.build from the options: the strategy's name, and why its checkpoints
+    # cannot be resumed by another strategy or world size ("" where they can: neutral_state).
+    strategy: str = ""
+    no_neutral_checkpoint: str = "its engine's state is not mapped to the plain model's parameter names"
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> StepResult:
         """One optimizer step on this rank's part of the global batch."""
@@ -153,6 +161,16 @@ class Engine:
 
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
+
+    def neutral_state(self) -> dict:
+        """This rank's part of the run's strategy-neutral state (``suite.strategies.neutral``):
+        the model's tensors and the optimizer's per-parameter state by the plain model's names,
+        whole or as DTensors; also the template a neutral checkpoint is read into. Collective."""
+        raise NoNeutralState(self.no_neutral_checkpoint)
+
+    def load_neutral_state(self, state: dict) -> None:
+        """Restore from ``neutral_state``'s shape, filled by a checkpoint of any strategy."""
+        raise NoNeutralState(self.no_neutral_checkpoint)
 
     def full_model_state(self) -> dict:
         """The whole trained model's state dict with the plain (unwrapped, unsharded) model's

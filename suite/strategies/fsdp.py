@@ -35,6 +35,7 @@ class Options(costs.ShardedUnits, StrategyOptions):
     replicate: PositiveInt = 1  # hybrid sharding: replicas; each is sharded over world / replicate
     mixed_precision: Literal["fp32", "bf16"] = "fp32"
     overlap: ClassVar = costs.PREFETCHED_UNITS
+    no_neutral_checkpoint: ClassVar = ""  # torch DCP maps its state (suite.strategies.neutral)
     cannot_fake: ClassVar = ""
 
     def mesh_axes(self) -> list[Axis]:

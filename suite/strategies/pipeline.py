@@ -44,6 +44,7 @@ class Options(StrategyOptions):
     split_at: Optional[list[int]] = None  # block indices where stages 2.. start; default: balanced
     dp_mode: Literal["fully_shard", "replicate"] = "fully_shard"  # how a stage is data-parallel
     overlap: ClassVar = costs.PIPELINED
+    no_neutral_checkpoint: ClassVar = ""  # torch DCP maps its state (suite.strategies.neutral)
     cannot_fake: ClassVar = ("torch.distributed.pipelining infers stage shapes by messages between ranks, which "
                              "the fake process group does not carry (it would need static stage metadata)")
 

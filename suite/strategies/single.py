@@ -10,6 +10,7 @@ class Options(StrategyOptions):
     name: Literal["single"] = "single"
     reusable_process: ClassVar = True
     overlap: ClassVar = costs.NO_COMMUNICATION
+    no_neutral_checkpoint: ClassVar = ""  # torch DCP maps its state (suite.strategies.neutral)
     cannot_fake: ClassVar = ""
 
     def check(self, layout, model) -> None:

@@ -86,6 +86,12 @@ class Options(StrategyOptions):
     # ---- the planner's rules (suite.strategies.costs) ----
 
     @property
+    def no_neutral_checkpoint(self) -> str:
+        # DeepSpeed's tensor-fragment API maps stages 1-3 alike; stage 3 is the one tested.
+        return "" if self.stage == 3 else (f"its state at strategy.stage={self.stage} is not mapped to the plain "
+                                           f"model's names (ZeRO stage 3 is)")
+
+    @property
     def overlap(self) -> costs.Overlap:
         return OVERLAP[self.stage]
 

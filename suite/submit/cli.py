@@ -14,6 +14,7 @@ from pathlib import Path
 
 from suite.common.errors import RunFailed, SuiteError
 from suite.record import run_record
+from suite.submit import resume
 from suite.submit.restart import Restarts
 import datetime
 
@@ -29,8 +30,11 @@ def parse_args(argv):
     p.add_argument("--no-wait", action="store_true", help="return after submitting")
     p.add_argument("--force", action="store_true", help="launch even if the predicted bytes exceed the node's memory")
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue a stopped, cancelled or failed run from its last checkpoint")
+                   help="continue a stopped, cancelled or failed run from its last checkpoint; strategy.* and "
+                        "launch.* overrides resume it under another strategy or world size where its checkpoint allows")
     args = p.parse_intermixed_args(argv)
+    if args.resume and args.recipe and "=" in args.recipe:  # --resume RUN strategy.name=fsdp: all overrides
+        args.recipe, args.overrides = None, [args.recipe, *args.overrides]
     if bool(args.recipe) == bool(args.resume):
         p.error("give a recipe, or --resume RUN_DIR (not both)")
     return args
@@ -115,9 +119,7 @@ def _resume(args) -> int:
     if not (run_dir / "recipe.yaml").is_file():
         raise SuiteError(f"--resume {args.resume}: no run record there (expected {run_dir / 'recipe.yaml'}); "
                          f"give a run folder that suite.submit wrote, e.g. runs/<name>-<time>-<id>")
-    if args.overrides:
-        raise SuiteError(f"--resume continues the run as it was recorded; overrides ({args.overrides[0]}, ...) "
-                         f"would change it: start a new run from the recipe instead")
+    resume.check_overrides(args.resume, args.overrides)  # strategy.* and launch.* only
     status = (run_record.read_json(run_record.summary_path(run_dir)) if run_record.summary_path(run_dir).exists()
               else {}).get("status")
     if status == "completed":
@@ -130,8 +132,14 @@ def _resume(args) -> int:
     # start-up: loads torch, numpy, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
 
-    (recipe,) = recipes.load(run_dir / "recipe.yaml", overrides)
+    (before,) = recipes.load(run_dir / "recipe.yaml")
+    (recipe,) = recipes.load(run_dir / "recipe.yaml", list(args.overrides) + overrides)
     saved = run_record.latest_checkpoint(run_dir)
+    resume.check_conversion(args.resume, before, recipe, saved)  # refused here, before any rank starts
+    if args.overrides:  # the run goes on as this: later resumes, restarts and exports read it
+        (run_dir / "recipe.yaml").write_text(recipes.dump(recipe))
+        print(f"resuming as strategy {recipe.strategy.name} at world size {recipe.world_size} (was "
+              f"{before.strategy.name} at {before.world_size})", flush=True)
     print(f"resuming {run_dir.name} from " + (f"its checkpoint at step {saved['step']}" if saved
                                               else "the start (it has no checkpoint)"), flush=True)
     run_record.archive_errors(run_dir)

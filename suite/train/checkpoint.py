@@ -1,8 +1,22 @@
-"""Save and resume a run: every rank's engine state, RNG and loop position, so that a resumed run
-continues exactly where it stopped (same seed, same world size -> the same losses).
+"""Save and resume a run: the engine's state, RNG and loop position, so that a resumed run
+continues exactly where it stopped.
 
-Layout: ``<run>/checkpoint/step-<N>/rank<R>.pt`` (each rank its own: sharded strategies hold
-different state per rank) and ``<run>/checkpoint/latest.json`` naming the last complete one.
+Layout: ``<run>/checkpoint/step-<N>/`` and ``<run>/checkpoint/latest.json`` naming the last
+complete one, with its format, strategy and world size. Two formats:
+- ``neutral`` (strategies whose options declare ``no_neutral_checkpoint = ""``): the model and the
+  optimizer's per-parameter state by the plain model's names (``Engine.neutral_state``,
+  ``suite.strategies.neutral``) in ``model/``, written by torch.distributed.checkpoint (DCP), which
+  reads back whatever shards another strategy or world size holds; beside it ``rank<R>.pt`` with
+  each rank's loop position and RNG. Any neutral strategy at any world size resumes it.
+- ``rank`` (the others): ``rank<R>.pt`` holds each rank's whole engine state as well; only the
+  same strategy at the same world size resumes it.
+The loop position is global (steps of the global batch, batches into the epoch, samples seen):
+the data order is the global one whatever the world size (``DistributedSampler`` permutes the
+same indices and deals them out), so it carries over. RNG state is per rank: the same strategy
+at the same world size takes its own; another takes rank 0's on every rank (the global
+generators of a data-parallel run draw alike; what a rank draws apart, e.g. dropout on its own
+samples, differs between world sizes anyway).
+
 A new checkpoint is written beside the last good one; only when every rank's file is in place
 does rank 0 switch ``latest.json`` (an atomic replace) and then delete older step folders. A
 crash at any moment (even SIGKILL mid-write) leaves ``latest.json`` naming a complete checkpoint.
@@ -17,30 +31,40 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from suite.common.errors import SuiteError
 from suite.record import run_record
 import signal
+import warnings
+from contextlib import contextmanager
 import numpy as np
 
 
 folder = run_record.checkpoint_folder
 latest = run_record.latest_checkpoint
+MODEL = "model"  # the DCP folder of a neutral checkpoint, inside step-<N>/
 
 
 def save(run_dir: Path, ctx, engine, loop_state: dict) -> None:
     step = loop_state["step"]
     target = folder(run_dir) / f"step-{step}"
     target.mkdir(parents=True, exist_ok=True)
-    state = {"engine": engine.state_dict(), "loop": loop_state, "rng": _rng_state()}
+    neutral = not engine.no_neutral_checkpoint
+    state = {"loop": loop_state, "rng": _rng_state()}
     tmp = target / f".rank{ctx.rank}.pt.tmp"
     try:
+        if neutral:  # collective: every rank writes its shards, rank 0 the metadata
+            with _one_process_is_fine():
+                dcp.save(engine.neutral_state(), checkpoint_id=str(target / MODEL))
+        else:
+            state["engine"] = engine.state_dict()
         torch.save(state, tmp)
         _maybe_die_while_saving(ctx.rank, step)
         os.replace(tmp, target / f"rank{ctx.rank}.pt")
-    except OSError as e:
+    except Exception as e:
         tmp.unlink(missing_ok=True)  # give back what the half-written file took
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if not _disk_full_error(e):
             raise
         raise SuiteError(_disk_full(run_dir, ctx.rank, step)) from None
     if ctx.world_size > 1:
@@ -52,6 +76,7 @@ def save(run_dir: Path, ctx, engine, loop_state: dict) -> None:
         try:  # written aside and replaced: a full disk leaves the old latest.json
             run_record.write_json_atomic(folder(run_dir) / "latest.json", {
                 "step": step, "world_size": ctx.world_size, "folder": target.name,
+                "format": "neutral" if neutral else "rank", "strategy": engine.strategy,
                 "metrics_bytes": records.stat().st_size if records.exists() else 0})
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -62,6 +87,23 @@ def save(run_dir: Path, ctx, engine, loop_state: dict) -> None:
                 shutil.rmtree(old, ignore_errors=True)
     if ctx.world_size > 1:
         dist.barrier()  # no rank runs ahead into a save that rank 0 might still be cleaning up
+
+
+def _disk_full_error(e: BaseException) -> bool:
+    """Whether ``e`` is a full disk or quota: an OSError, or DCP's CheckpointException carrying
+    one from any rank (its ``failures``), or either as the cause of another."""
+    seen = set()
+    todo = [e]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        failures = getattr(e, "failures", None)
+        todo += [e.__cause__, e.__context__, *(failures.values() if isinstance(failures, dict) else ())]
+    return False
 
 
 def _disk_full(run_dir: Path, rank: int, step: int) -> str:
@@ -78,14 +120,55 @@ def load(run_dir: Path, ctx, engine) -> dict | None:
     meta = latest(run_dir)
     if meta is None:
         return None
-    if meta["world_size"] != ctx.world_size:
-        raise SuiteError(f"the checkpoint in {folder(run_dir)} was saved at world size {meta['world_size']}, "
-                         f"this run has {ctx.world_size}; resume with the same launch settings")
-    state = torch.load(folder(run_dir) / meta["folder"] / f"rank{ctx.rank}.pt", map_location=ctx.device,
-                       weights_only=False)
-    engine.load_state_dict(state["engine"])
+    saved_by = meta.get("strategy") or engine.strategy  # checkpoints from before strategies were recorded
+    same = meta["world_size"] == ctx.world_size and saved_by == engine.strategy
+    where = folder(run_dir) / meta["folder"]
+    if meta.get("format", "rank") == "rank":
+        if not same:
+            raise SuiteError(f"the checkpoint in {where} was saved by strategy {saved_by} at world size "
+                             f"{meta['world_size']} in its per-rank format; this run is strategy {engine.strategy} at "
+                             f"world size {ctx.world_size}: resume it with the run's own strategy and launch settings")
+        state = torch.load(where / f"rank{ctx.rank}.pt", map_location=ctx.device, weights_only=False)
+        engine.load_state_dict(state["engine"])
+    else:
+        if engine.no_neutral_checkpoint:
+            raise SuiteError(f"strategy {engine.strategy} cannot resume the checkpoint in {where} (saved by strategy "
+                             f"{saved_by}): {engine.no_neutral_checkpoint}; resume with a strategy that can")
+        # Another strategy or world size: every rank takes rank 0's loop position and RNG (see above).
+        state = torch.load(where / f"rank{ctx.rank if same else 0}.pt", map_location=ctx.device, weights_only=False)
+        template = engine.neutral_state()  # this engine's own shards, by the plain model's names
+        with _one_process_is_fine():  # filled from whatever shards were saved
+            dcp.load(template, checkpoint_id=str(where / MODEL))
+        engine.load_neutral_state(template)
     _set_rng_state(state["rng"])
     return state["loop"]
+
+
+def saved_model(run_dir: Path) -> dict:
+    """The model's state in the last complete checkpoint, whole and on CPU, by the plain model's
+    names (neutral format) or as rank 0's engine held it (per-rank format); {} if none. Read in
+    this process alone (no process group): for tests and tools, not for resuming."""
+    meta = latest(run_dir)
+    if meta is None:
+        return {}
+    where = folder(run_dir) / meta["folder"]
+    if meta.get("format", "rank") == "rank":
+        return torch.load(where / "rank0.pt", map_location="cpu", weights_only=False)["engine"]["model"]
+    saved = dcp.FileSystemReader(str(where / MODEL)).read_metadata().state_dict_metadata
+    model = {key.removeprefix("model."): torch.empty(tuple(m.size), dtype=m.properties.dtype)
+             for key, m in saved.items() if key.startswith("model.")}
+    with _one_process_is_fine():
+        dcp.load({"model": model}, checkpoint_id=str(where / MODEL), no_dist=True)
+    return model
+
+
+@contextmanager
+def _one_process_is_fine():
+    """DCP warns whenever it runs without a process group (a single-process run, a tool): that
+    is meant here, and the warning would only worry a user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _maybe_die_while_saving(rank: int, step: int) -> None:

@@ -67,8 +67,9 @@ class StepLoop:
         box = [run_record.recorded_attempts(self.run_dir) if self.ctx.is_main else None]
         if self.ctx.world_size > 1:
             dist.broadcast_object_list(box, src=0)
-        self.attempts = run_record.start_attempt(
-            box[0], self.attempts, self.step, slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+        self.attempts = run_record.start_attempt(  # with its strategy and world: a resume may change them
+            box[0], self.attempts, self.step, strategy=self.engine.strategy or None, world_size=self.ctx.world_size,
+            slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
         if self.ctx.is_main:  # recorded now, not only at the next checkpoint: this attempt may die before it
             run_record.update_summary(self.run_dir, attempts=self.attempts)
 

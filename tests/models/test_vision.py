@@ -107,9 +107,7 @@ def _running_stats(run_dir):
     """Rank 0's batch-norm running means and variances in the checkpoint of the last step."""
     from suite.train import checkpoint
 
-    saved = checkpoint.latest(run_dir)
-    state = torch.load(checkpoint.folder(run_dir) / saved["folder"] / "rank0.pt", weights_only=False)
-    return {k: v for k, v in state["engine"]["model"].items() if "running_" in k}
+    return {k: v for k, v in checkpoint.saved_model(run_dir).items() if "running_" in k}
 
 
 # Parity is compared in float64 (tests/parity.py): in float32 these networks amplify rounding
