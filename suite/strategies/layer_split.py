@@ -27,6 +27,7 @@ class Options(StrategyOptions):
     # Block indices where parts 2.. start (one per extra device); default: balanced by parameters.
     split_at: Optional[list[int]] = None
     overlap: ClassVar = costs.PIPELINED  # its parts run one after another (no pipeline axis: no bubble counted)
+    no_neutral_checkpoint: ClassVar = ""  # torch DCP maps its state (suite.strategies.neutral)
     cannot_fake: ClassVar = ""
 
     def check(self, layout, model) -> None:

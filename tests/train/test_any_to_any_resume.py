@@ -19,7 +19,7 @@ from suite.record.run_record import read_metrics
 from suite.strategies import _deepspeed
 from suite.tasks import train as rank_task
 from tests.harness import run_ranks
-from tests.parity import assert_matches, make_recipe, tolerance
+from tests.parity import TWO_DEVICES, assert_matches, make_recipe, tolerance
 
 SECTIONS = {"optimizer": {"name": "adam", "lr": 0.01},
             "training": {"epochs": 1, "max_steps": 8, "batch_size": 32, "seed": 1, "log_every_steps": 2,
@@ -31,7 +31,10 @@ CASES = {  # id: (strategy A, world A, strategy B, world B)
     "ddp@2->single": ({"name": "ddp"}, 2, {"name": "single"}, 1),
     "tensor@2->single": ({"name": "tensor"}, 2, {"name": "single"}, 1),
     "pipeline@2->ddp@2": ({"name": "pipeline"}, 2, {"name": "ddp"}, 2),
+    # layer_split: one rank splitting the model over launch.devices_per_task (all the cpu here)
+    "layer_split@1x2->ddp@2": ({"name": "layer_split"}, 1, {"name": "ddp"}, 2),
 }
+LAUNCH = {"layer_split": TWO_DEVICES}  # what a strategy needs beside its world size
 
 
 def steps_by_number(run_dir):
@@ -46,8 +49,8 @@ def test_a_checkpoint_resumes_under_another_strategy_and_world(case, tmp_path, m
     first, world_a, then, world_b = CASES[case]
     if first["name"] == "zero":
         _deepspeed.preload()  # once here, not once per forked rank (~7 s each)
-    a = make_recipe(first, world_a, **SECTIONS)
-    b = make_recipe(then, world_b, precision=a.training.precision, **SECTIONS)
+    a = make_recipe(first, world_a, **LAUNCH.get(first["name"], {}), **SECTIONS)
+    b = make_recipe(then, world_b, precision=a.training.precision, **LAUNCH.get(then["name"], {}), **SECTIONS)
     single = baseline_of(make_recipe({"name": "single"}, precision=a.training.precision, **SECTIONS))
 
     monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:6")
