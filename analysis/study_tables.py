@@ -3,7 +3,8 @@
 - **Verdicts**: ``reference.verdicts`` holds the source's own verdict matrix (improves / same /
   worse per model and metric, as the six-models slides print it); each row names the arm of ours
   it is set beside, and ours is that arm against its baseline arm by ``tables.verdict`` (the
-  report's noise rule: ``tables.NOISE_RULE``).
+  report's noise rule: ``tables.NOISE_RULE``). A row's ``why`` (with ``why_source`` or
+  ``assumption: true``, as a figure's) says where our setup differs.
 - **Epochs to threshold**: the study's ``thresholds`` (``{metric: [values]}``, e.g.
   ``{train_accuracy: [0.5, 0.8]}``) gives, per arm and threshold, the first epoch whose metric
   reaches it (accuracy: at or above; loss: at or below), mean over the repeats that reached it.
@@ -25,7 +26,7 @@ def check_verdicts(verdicts, arms, where: str = "reference.verdicts") -> None:
     """Refuse a malformed verdict matrix with one line naming the key."""
     if not isinstance(verdicts, list) or not verdicts:
         raise SuiteError(f"{where} must be a list of {{published, ours, source, accuracy, loss, time}}")
-    allowed = {"published", "ours", "source", *VERDICT_METRICS}
+    allowed = {"published", "ours", "source", "why", "why_source", "assumption", *VERDICT_METRICS}
     for i, row in enumerate(verdicts):
         at = f"{where}.{i}"
         if not isinstance(row, dict) or set(row) - allowed:
@@ -37,9 +38,21 @@ def check_verdicts(verdicts, arms, where: str = "reference.verdicts") -> None:
                                  f"our arm; source: the reference-table row of docs/studies.md)")
         if row["ours"] not in arms:
             raise SuiteError(f"{at}.ours={row['ours']!r} is not an arm of the study; arms: {', '.join(arms)}")
+        if row.get("why") and row.get("why_source") is None and row.get("assumption") is not True:
+            raise SuiteError(f"{at}.why needs why_source (the reference-table rows it rests on) or assumption: true")
         for metric in VERDICT_METRICS:
             if row.get(metric, "not listed") not in VERDICT_WORDS:
                 raise SuiteError(f"{at}.{metric}={row[metric]!r}: use one of {', '.join(VERDICT_WORDS)}")
+
+
+def because(row: dict) -> str:
+    """A verdict's ``why``, labelled as the figures' are: its reference-table rows, or ours."""
+    if not row.get("why"):
+        return ""
+    sources = row.get("why_source")
+    labels = ([f"source: {', '.join(sources if isinstance(sources, list) else [sources])}"] if sources else []) + \
+        (["our assumption"] if row.get("assumption") else [])
+    return f"{row['why']} [{'; '.join(labels)}]"
 
 
 def verdict_rows(study: dict, runs, base_of: dict) -> list[dict]:
@@ -47,7 +60,8 @@ def verdict_rows(study: dict, runs, base_of: dict) -> list[dict]:
     rows = []
     for v in study["reference"].get("verdicts") or []:
         arm, base = v["ours"], base_of.get(v["ours"])
-        row = {"published": v["published"], "ours_arm": f"{arm} vs {base}", "source": v["source"]}
+        row = {"published": v["published"], "ours_arm": f"{arm} vs {base}", "source": v["source"],
+               "because": because(v)}
         mine = [r for r in runs if r.arm == arm]
         theirs = [r for r in runs if r.arm == base]
         for metric in VERDICT_METRICS:
@@ -65,7 +79,7 @@ def verdict_rows(study: dict, runs, base_of: dict) -> list[dict]:
 VERDICT_COLUMNS = {"published": "published model", "ours_arm": "our arm vs its baseline",
                    **{f"{m}_{side}": f"{m} ({'source' if side == 'published' else 'ours'})"
                       for m in VERDICT_METRICS for side in ("published", "ours")},
-                   "source": "source (docs/studies.md)"}
+                   "source": "source (docs/studies.md)", "because": "differs because"}
 
 
 def check_thresholds(thresholds, where: str = "thresholds") -> dict:

@@ -82,6 +82,10 @@ def test_every_what_and_why_is_sourced_or_labelled_ours(path):
             assert entry in table, f"{path} figure {i}: why_source {entry} is not a row of {DOCS}"
     for i, verdict in enumerate(raw["reference"].get("verdicts") or []):
         assert verdict["source"] in table, (path, i)
+        if verdict.get("why"):
+            assert verdict.get("why_source") is not None or verdict.get("assumption") is True, (path, i)
+        for entry in _ids(verdict.get("why_source") or []):
+            assert entry in table, f"{path} verdict {i}: why_source {entry} is not a row of {DOCS}"
 
 
 UNSOURCED = ["NVLink", "PCIe", "recomputes activations", "thesis", "1x P100 or 2x T4", "half teacher forcing",

@@ -22,7 +22,8 @@ RUNS = [_run("cnn-single", [0.3, 0.5, 0.7], 10.0, 1.0), _run("cnn-ddp", [0.1, 0.
 STUDY = {"arms": {"cnn-single": {}, "cnn-ddp": {}, "mlp-single": {}, "mlp-ddp": {}},
          "reference": {"verdicts": [
              {"published": "CNN", "ours": "cnn-ddp", "accuracy": "worse", "loss": "worse", "time": "improves", "source": "ENS-V"},
-             {"published": "MLP (DP)", "ours": "mlp-ddp", "time": "improves", "source": "ENS-V"}]},
+             {"published": "MLP (DP)", "ours": "mlp-ddp", "time": "improves", "source": "ENS-V",
+              "why": "4 devices, theirs 2", "why_source": "ENS-hybrid"}]},
          "thresholds": {"train_accuracy": [0.5, 0.8]}}
 BASE = {"cnn-single": "cnn-single", "cnn-ddp": "cnn-single", "mlp-single": "mlp-single", "mlp-ddp": "mlp-single"}
 
@@ -36,6 +37,7 @@ def test_the_sources_verdicts_sit_beside_ours():
     # a metric the slides leave out says so; ours within the noise band is "same"
     assert mlp["accuracy_published"] == "not listed" and mlp["accuracy_ours"] == "improves"
     assert mlp["loss_ours"] == "same"
+    assert cnn["because"] == "" and mlp["because"] == "4 devices, theirs 2 [source: ENS-hybrid]"
 
 
 def test_a_verdict_without_runs_says_which_arm_is_missing():
@@ -59,6 +61,8 @@ def test_epochs_to_threshold_per_arm():
      "v.0.accuracy='better': use one of improves, same, worse, not listed"),
     ([{"published": "CNN", "ours": "gpu", "source": "ENS-V"}], "v.0.ours='gpu' is not an arm of the study"),
     ([{"published": "CNN", "ours": "cnn-ddp"}], "v.0.source is required"),
+    ([{"published": "CNN", "ours": "cnn-ddp", "source": "ENS-V", "why": "ours"}],
+     "v.0.why needs why_source (the reference-table rows it rests on) or assumption: true"),
     ([{"published": "CNN", "ours": "cnn-ddp", "source": "ENS-V", "speed": "improves"}], "v.0: unknown 'speed'"),
 ])
 def test_bad_verdicts_are_one_line(verdicts, message):
