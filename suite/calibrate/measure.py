@@ -241,6 +241,8 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
             "backend": measured["backend"], "threads": measured["threads"], "world_size": worlds[0],
             "measured_at": time.time(), "load_average_1m": os.getloadavg()[0], "took_s": time.perf_counter() - started,
             "compute": compute, "collectives": by_world[str(worlds[0])], "collectives_by_world": by_world,
+            # The link class the timed ranks crossed: between nodes where they ran on several.
+            "links": {"inter" if len(measured["hosts"]) > 1 else "intra": by_world[str(worlds[0])]},
             "borrowed": dict(alpha_beta.BORROWED)}
 
 

@@ -10,8 +10,9 @@ import multiprocessing
 
 
 def compute_rates(precision: str = "fp32") -> dict:
-    """The measured matmul peak per thread count 1 .. cores (``suite.record.peak``, cached), and
-    the memory-copy rate of one thread (``copy_rate``)."""
+    """The measured matmul peak per thread count 1 .. cores (``suite.record.peak``, cached), the
+    peak of the other precisions (bf16, fp64) at all the cores, and the memory-copy rate of one
+    thread (``copy_rate``)."""
     import torch  # start-up: loads torch, numpy only when this runs
 
     from suite.record import peak  # start-up: loads torch, numpy, suite.record only when this runs
@@ -21,12 +22,17 @@ def compute_rates(precision: str = "fp32") -> dict:
         for threads in range(1, len(os.sched_getaffinity(0)) + 1):
             torch.set_num_threads(threads)
             by_threads[str(threads)] = peak.cpu_peak(precision)["peak_flops_per_s"]
+        # The other precisions a recipe may train in, at all the cores (op class: matmul).
+        by_precision = {precision: by_threads[str(len(os.sched_getaffinity(0)))]}
+        for other in ("bf16", "fp64"):
+            if other != precision:
+                by_precision[other] = peak.cpu_peak(other)["peak_flops_per_s"]
         torch.set_num_threads(1)
-        copy = copy_rate()
+        copy = copy_rate()  # op class: memory-bound copies
     finally:
         torch.set_num_threads(before)
     return {"precision": precision, "cores": len(os.sched_getaffinity(0)), "peak_flops_per_s_by_threads": by_threads,
-            "copy_bytes_per_s": copy}
+            "peak_flops_per_s_by_precision": by_precision, "copy_bytes_per_s": copy}
 
 
 COPY_BYTES = 16 * 2**20

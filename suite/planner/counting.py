@@ -125,8 +125,8 @@ def fake_batch(recipe, samples: int):
     else:
         inputs = torch.randn(shape, dtype=getattr(torch, spec.input_dtype))
     classes = max(spec.num_classes, 1)
-    if task == "language":
-        targets = torch.randint(0, classes, shape)
+    if task == "language":  # the next token at each position: (samples, length), whatever the inputs stack
+        targets = torch.randint(0, classes, (samples, spec.input_shape[-1]))
     elif task == "segmentation":
         targets = torch.randint(0, classes, (samples, *spec.input_shape[1:]))
     else:

@@ -164,15 +164,17 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
     """Seconds per step of each collective kind the profile uses, over the link class its group
     crosses (``hardware.link_fits``)."""
     options = options or {}
-    by_world = (calibration.get("collectives_by_world") or {}).get(str(profile.world_size))
+    by_world = calibration.get("collectives_by_world") or {}
+    measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
     out = {}
     for kind, calls in profile.comm_calls.items():
         if not calls:
             continue
-        # The fit at this world size where the calibration timed one (at more ranks than cores,
-        # peers wait for a core: the alpha-beta formulas' extrapolation over N cannot carry that).
         size, link = group_of(kind, options, profile)
-        fits = by_world if by_world and not calibration.get("links") else hardware.link_fits(calibration, link)
+        # The fit at the group's size where the calibration timed one over this link class (at
+        # more ranks than cores, peers wait for a core: the formulas' extrapolation over N
+        # cannot carry that), else the link class's fit.
+        fits = (by_world.get(str(size)) if link in measured else None) or hardware.link_fits(calibration, link)
         source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
         f = fits[source]
         out[kind] = alpha_beta.call_time_s(kind, size, profile.comm_bytes.get(kind, 0),

@@ -1,0 +1,127 @@
+"""Predict: the step-time prediction on models it was never fitted to. Every built-in model family
+x the strategies that fit it, at world 2 and 4 on this machine (and 2 Slurm nodes with
+``--slurm``), each run's ``predicted.step_time_s`` (made after training from a calibration of the
+machine alone, ``python -m suite.calibrate`` with no recipe, and the model's own one-rank step
+timed when predicting) against its measured ``step_time_s``. Targets: median |error| <= 15 %,
+90th percentile <= 30 %, and per model the predicted order of strategies agrees with the measured
+one (Kendall tau >= 0.8)."""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+from common import BASE, ROOT, Bench, Section
+
+MEDIAN, P90, TAU = 0.15, 0.30, 0.8
+
+# One small configuration per family: CPU-sized, each with the data its task reads.
+IMAGES = "{name: synthetic, shape: [3, 32, 32], classes: 10, n_train: 4096, n_val: 64}"
+FAMILIES = {
+    "mlp": ("{name: mlp, hidden: [512, 512]}", "{name: synthetic, shape: [1, 28, 28], classes: 10, n_train: 4096, n_val: 64}", 64),
+    "cnn": ("{name: cnn}", IMAGES, 64),
+    "vgg11": ("{name: vgg11, width: 0.25, classifier_hidden: 128}", IMAGES, 64),
+    "resnet18": ("{name: resnet18, width: 0.25}", IMAGES, 32),
+    "mobilenet_v2": ("{name: mobilenet_v2, width: 0.5}", IMAGES, 32),
+    "transformer": ("{name: transformer, dim: 64, heads: 4, layers: 2}",
+                    "{name: synthetic_tokens, vocab: 64, seq_len: 32, branching: 4, n_train: 4096, n_val: 64}", 32),
+    "nbow": ("{name: nbow, embedding: 64, pooling: mean}",
+             "{name: synthetic_sentiment, vocab: 2000, seq_len: 64, min_len: 32, planted: 3, n_train: 8192, n_val: 64}", 128),
+    "seq2seq": ("{name: seq2seq, cell: lstm, layers: 2, embedding: 32, hidden: 64, dropout: 0.0}",
+                "{name: synthetic_seq2seq, task: reverse, vocab: 16, n_train: 4096, n_val: 64}", 64),
+    "unet": ("{name: unet, base_channels: 8, depth: 3}", "{name: shapes, size: [32, 32], classes: 3, n_train: 1024, n_val: 32}", 16),
+    "segnet": ("{name: segnet, base_channels: 8}", "{name: shapes, size: [32, 32], classes: 3, n_train: 1024, n_val: 32}", 16),
+    "autoencoder": ("{name: autoencoder, base_channels: 16}", "{name: digits}", 64),
+}
+DATA_PARALLEL = {"ddp": "{name: ddp}", "allreduce": "{name: allreduce}", "fsdp": "{name: fsdp}",
+                 "zero1": "{name: zero, stage: 1}", "zero2": "{name: zero, stage: 2}", "zero3": "{name: zero, stage: 3}"}
+# Where the model allows them (the strategy's own checks refuse the rest before launch: skipped).
+MODEL_PARALLEL = {"tensor": "{name: tensor}", "gpipe": "{name: pipeline, micro_batches: 4}",
+                  "1f1b": "{name: pipeline, schedule: 1f1b, micro_batches: 4}"}
+HYBRID = {"hsdp": "{name: fsdp, replicate: 2}", "tensor_dp": "{name: tensor, dp: 2}", "pipeline_dp": "{name: pipeline, dp: 2}"}
+QUICK_STRATEGIES = ("ddp", "fsdp", "zero2", "allreduce", "tensor", "gpipe")
+
+
+def _configs(bench: Bench, slurm: bool):
+    worlds = (2,) if bench.quick else (2, 4)
+    strategies = {**DATA_PARALLEL, **MODEL_PARALLEL}
+    if bench.quick:
+        strategies = {k: v for k, v in strategies.items() if k in QUICK_STRATEGIES}
+    for family, world in itertools.product(FAMILIES, worlds):
+        for label, strategy in strategies.items():
+            yield family, label, strategy, world, ["launch.tasks_per_node=" + str(world)]
+        if world == 4 and not bench.quick:
+            for label, strategy in HYBRID.items():
+                yield family, label, strategy, world, ["launch.tasks_per_node=4"]
+    if slurm:  # 2 Slurm nodes of one rank each
+        for family in FAMILIES:
+            for label in ("ddp", "fsdp", "zero2"):
+                yield family, label + "@2nodes", DATA_PARALLEL[label], 2, [
+                    "launch.executor=slurm", "launch.nodes=2", "launch.tasks_per_node=1"]
+
+
+def calibrate(bench: Bench, env: dict) -> str:
+    """``python -m suite.calibrate`` of the machine alone (no recipe), into this section's cache."""
+    command = [sys.executable, "-m", "suite.calibrate", "--world-size", "2,4",
+               "--max-bytes", str(2**22 if bench.quick else 2**26)]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+    if proc.returncode:
+        raise SystemExit(f"calibration failed:\n{proc.stderr.strip()[-2000:]}")
+    return "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("  "))
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
+    """Kendall's tau-a of two orders (ties count as disagreement-free: neither concordant nor discordant)."""
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    if not pairs:
+        return None
+    score = sum((xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 for i, j in pairs) - \
+        sum((xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 for i, j in pairs)
+    return score / len(pairs)
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    low, high = int(k), min(int(k) + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (k - low)
+
+
+def run(bench: Bench) -> Section:
+    s = Section("Predict: step time on models the time model was not fitted to")
+    env = {**os.environ, "XDG_CACHE_HOME": str(bench.out / "predict" / "cache")}  # never the user's calibration
+    table = calibrate(bench, env)
+    steps = "training.max_steps=12" if bench.quick else "training.max_steps=24"
+    rows, errors, by_model, skipped = [], [], {}, []
+    for family, label, strategy, world, launch in _configs(bench, bench.slurm):
+        model, data, batch = FAMILIES[family]
+        got = bench.submit(f"predict/{family}-{label}-w{world}", [
+            f"model={model}", f"data={data}", f"training.batch_size={batch}", "training.epochs=100", steps,
+            "training.eval_every_epochs=0", f"strategy={strategy}", *launch], recipe=BASE, env=env, check=False)
+        if got.get("returncode") == 2:  # refused before launch (the model or world does not allow it)
+            skipped.append(f"{family} {label}@{world}")
+            continue
+        predicted = (got.get("predicted") or {}).get("step_time_s")
+        measured = got.get("step_time_s")
+        error = predicted / measured - 1 if predicted and measured else None
+        rows.append([family, label, world, predicted, measured, error, (got.get("predicted") or {}).get("error")])
+        if error is not None:
+            errors.append(abs(error))
+            by_model.setdefault((family, world), []).append((predicted, measured))
+    taus = {key: kendall_tau([p for p, _ in v], [m for _, m in v]) for key, v in by_model.items() if len(v) > 1}
+    s.lines += [f"Each run {steps.split('=')[1]} steps; predicted = the run's own `predicted.step_time_s` (calibration "
+                "of the machine alone, no recipe; the model's one-rank step timed when predicting); measured = "
+                "`step_time_s`, the median step. World 4 runs 4 ranks on 2 cores.", "", "```", table, "```", ""]
+    s.table(["model", "strategy", "world", "predicted (s)", "measured (s)", "error", "prediction error"], rows)
+    if skipped:
+        s.lines += ["Refused before launch (the strategy's checks): " + ", ".join(skipped), ""]
+    s.table(["model", "world", "strategies", "Kendall tau"], [[k[0], k[1], len(by_model[k]), t] for k, t in taus.items()])
+    if errors:
+        med, p90 = percentile(errors, 0.5), percentile(errors, 0.9)
+        s.check(f"median |error| <= {MEDIAN:.0%} ({len(errors)} runs)", f"{med:.0%}", med <= MEDIAN)
+        s.check(f"90th percentile |error| <= {P90:.0%}", f"{p90:.0%}", p90 <= P90)
+        worst = min(taus.values()) if taus else None
+        s.check(f"per model and world, Kendall tau >= {TAU}", f"lowest {worst:.2f}" if worst is not None else "none",
+                worst is not None and worst >= TAU)
+    return s

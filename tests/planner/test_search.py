@@ -1,0 +1,102 @@
+"""The advisor's pieces: each collective kind timed over its own group and link, the presets'
+compute from specs, the model's compute timed when a prediction is made, and the search making a
+configuration fit by checkpointing or accumulating before it gives up on it."""
+import json
+
+import pytest
+
+from suite import recipe as recipes
+from suite.planner import hardware, model_time, search, timing
+from suite.planner.predict import prediction
+from suite.planner.profile import StepProfile
+
+RAW = {"name": "t", "model": {"name": "mlp", "hidden": [64, 64]},
+       "data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 256, "n_val": 32},
+       "strategy": {"name": "ddp"}, "optimizer": {"name": "adam", "lr": 0.001},
+       "training": {"epochs": 1, "batch_size": 64, "seed": 0}, "launch": {"tasks_per_node": 2},
+       "tracking": {"wandb": "disabled"}}
+
+
+def _recipe(strategy: dict, nodes: int, per_node: int, **training):
+    return recipes.validate({**RAW, "strategy": strategy, "training": {**RAW["training"], **training},
+                             "launch": {"executor": "slurm" if nodes > 1 else "local", "nodes": nodes,
+                                        "tasks_per_node": per_node}})
+
+
+def _groups(recipe) -> dict:
+    options = timing.options_of(recipe)
+    profile = StepProfile(recipe.strategy.name, recipe.world_size, {}, 0, 0, 64)
+    return {kind: timing.group_of(kind, options, profile) for kind in ("all_reduce", "all_gather", "reduce_scatter", "send")}
+
+
+def test_each_collective_runs_over_its_own_group_and_link():
+    # HSDP on 2 nodes of 4: units gathered within a node's shard group, replicas reduced across nodes.
+    hsdp = _groups(_recipe({"name": "fsdp", "replicate": 2}, nodes=2, per_node=4))
+    assert hsdp["all_gather"] == (4, "intra") and hsdp["reduce_scatter"] == (4, "intra")
+    assert hsdp["all_reduce"] == (2, "inter")
+    # Tensor x data: the layers' all-reduces inside a node, FSDP2's gathers over dp across nodes.
+    tensor = _groups(_recipe({"name": "tensor", "dp": 2, "tp": 4}, nodes=2, per_node=4))
+    assert tensor["all_reduce"] == (4, "intra") and tensor["all_gather"] == (2, "inter")
+    # Plain data parallelism over 8 ranks on 2 nodes: one group of 8 that crosses nodes.
+    assert _groups(_recipe({"name": "ddp"}, nodes=2, per_node=4))["all_reduce"] == (8, "inter")
+    assert _groups(_recipe({"name": "ddp"}, nodes=1, per_node=4))["all_reduce"] == (4, "intra")
+    # A pipeline's messages go to the neighbouring stage.
+    assert _groups(_recipe({"name": "pipeline", "stages": 4, "dp": 2}, nodes=2, per_node=4))["send"] == (2, "intra")
+
+
+def test_an_inter_node_collective_is_timed_at_the_inter_node_link():
+    h100 = hardware.preset("h100")
+    profile = StepProfile("ddp", 16, {}, 0, 0, 64, comm_bytes={"all_reduce": 2**30}, comm_calls={"all_reduce": 1})
+    one_node = timing.comm_time_s(profile, h100, timing.options_of(_recipe({"name": "ddp"}, 1, 16)))["all_reduce"]
+    two_nodes = timing.comm_time_s(profile, h100, timing.options_of(_recipe({"name": "ddp"}, 2, 8)))["all_reduce"]
+    # 2 x 15/16 x 1 GiB over 450 GB/s NVLink against 50 GB/s InfiniBand: 9x, less the latency terms.
+    assert 8.5 < two_nodes / one_node < 9.1
+
+
+def test_a_preset_computes_at_its_peak_times_the_assumed_share_and_says_so():
+    a100 = hardware.preset("a100")
+    rate, how = timing.compute_rate(a100, 8, precision="bf16")
+    assert rate == pytest.approx(312e12 * hardware.EFFICIENCY)
+    assert "from specs, not measured" in how
+    assert timing.compute_rate(a100, 8, precision="fp32")[0] == pytest.approx(19.5e12 * hardware.EFFICIENCY)
+    assert "from published specs, not measured" in hardware.describe(a100)
+    with pytest.raises(Exception, match="presets: h100, a100"):
+        hardware.load("v100")
+
+
+def test_a_calibration_of_one_node_stands_for_the_links_between_nodes_and_says_so():
+    fits = {"all_reduce": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}}
+    cal = {"key": "k", "hosts": ["a"], "collectives": fits, "links": {"intra": fits}}
+    assert hardware.link_fits(cal, "inter") is fits
+    assert "across nodes assumed the same" in hardware.describe(cal)
+
+
+def test_the_prediction_times_the_models_own_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    recipe = _recipe({"name": "ddp"}, 1, 2)
+    cal = {"key": "k", "backend": "gloo", "collectives": {"all_reduce": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}},
+           "compute": {"cores": 2, "peak_flops_per_s_by_threads": {"1": 1e15, "2": 2e15}}}  # an absurd peak, unused
+    got = prediction(recipe, cal)
+    assert "timed at rank batch 32 on 1 thread(s) when predicted" in got["rate"], got
+    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_time.CACHE_FILE).read_text())
+    (entry,) = cached.values()
+    assert entry["batch"] == 32 and entry["threads"] == 1
+    # The compute is the timed step (this rank computes the whole model at the timed batch), not the peak's share.
+    assert got["compute_s"] == pytest.approx(entry["step_s"], rel=1e-6)
+    # Timed once: a second prediction of the same model and batch reads the cache.
+    assert model_time.timed(recipe, 1)["cached"] is True
+
+
+def test_the_search_checkpoints_then_accumulates_to_fit_and_says_why_it_gives_up():
+    h100 = hardware.preset("h100")
+    raw = {**RAW, "training": {**RAW["training"], "batch_size": 4096}}
+    specs = [("ddp", {"name": "ddp"})]
+    roomy = search.search(raw, 1, 2, h100, 2**40, strategies=specs, refine=0, progress=lambda _: None)
+    assert roomy[0].accumulation == 1 and not roomy[0].checkpointing and not roomy[0].excluded
+    peak = roomy[0].profile.peak_bytes
+    # A memory between the peaks with and without accumulation: the search accumulates.
+    tight = search.search(raw, 1, 2, h100, int(peak * 0.97), strategies=specs, refine=0, progress=lambda _: None)
+    assert not tight[0].excluded and tight[0].accumulation > 1, tight[0].excluded
+    assert f"training.grad_accumulation={tight[0].accumulation}" in tight[0].overrides
+    none = search.search(raw, 1, 2, h100, 1024, strategies=specs, refine=0, progress=lambda _: None)
+    assert none[0].excluded.startswith("does not fit:") and "GiB available" in none[0].excluded
