@@ -13,12 +13,11 @@ a preset of public hardware (``h100``, ``a100``: from published specs, and every
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import warnings
 from pathlib import Path
 
 from suite.common.errors import SuiteError, one_line
+from suite.common.quiet import quiet_libraries
 
 
 def parse_args(argv=None):
@@ -45,16 +44,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.verbose:
-        quiet()
+        quiet_libraries()
     return one_line(_run, args)
-
-
-def quiet() -> None:
-    """No library warnings or log lines on the advisor's output (``--verbose`` keeps them)."""
-    warnings.filterwarnings("ignore")
-    # Library log lines (DeepSpeed's accelerator notice, torch's log of a fake run that falls
-    # back to the analytic rule) up to ERROR; the advisor says what failed in its own words.
-    logging.disable(logging.ERROR)
 
 
 def _run(args) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 
 from suite.common.errors import SuiteError
+from suite.common.quiet import quiet_libraries
 from suite.planner.table import plan, strategy_specs
 
 
@@ -32,7 +33,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout-s", type=float, default=300, help="per (strategy, world size)")
     p.add_argument("--try-fake", action="store_true",
                    help="also try the fake run for strategies known to need their analytic rule")
-    return p.parse_args(argv)
+    p.add_argument("--verbose", action="store_true", help="show library warnings and what the fake runs print")
+    return p.parse_intermixed_args(argv)
 
 
 def _worlds(text: str) -> list[int]:
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
     from suite.recipe.text import raw_points
 
     args = parse_args(argv)
+    if not args.verbose:
+        quiet_libraries()
     try:
         points_raw = raw_points(args.recipe, args.overrides)
         if len(points_raw) != 1:
@@ -60,7 +64,7 @@ def main(argv=None) -> int:
         worlds = _worlds(args.world)
         specs = strategy_specs(args.strategies, raw.get("strategy") or {})
         points = plan(raw, specs, worlds, args.jobs, args.timeout_s, args.try_fake,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+                      progress=lambda line: print(line, file=sys.stderr, flush=True), quiet=not args.verbose)
         text = report.write(points, raw, Path(args.out))
     except SuiteError as e:
         print(f"error: {e}", file=sys.stderr)

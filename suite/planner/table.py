@@ -89,8 +89,9 @@ def recipe_at(raw: dict, section: dict, world_size: int):
 
 
 def plan(raw: dict, specs, worlds, jobs: int = 2, timeout_s: float = 300, try_fake: bool = False,
-         progress=print) -> list[Point]:
-    """Every (strategy, world size): profiled in forked children, ``jobs`` at a time."""
+         progress=print, quiet: bool = False) -> list[Point]:
+    """Every (strategy, world size): profiled in forked children, ``jobs`` at a time (``quiet``:
+    what the children print is dropped; a failure is reported in one line either way)."""
     from suite.planner import fake_run  # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
 
     fake_run.warm()
@@ -107,7 +108,7 @@ def plan(raw: dict, specs, worlds, jobs: int = 2, timeout_s: float = 300, try_fa
     while todo or running:
         while todo and len(running) < max(jobs, 1):
             point, recipe = todo.pop(0)
-            running.append((point, fake_run.Job(recipe, point.world_size, timeout_s, try_fake)))
+            running.append((point, fake_run.Job(recipe, point.world_size, timeout_s, try_fake, quiet)))
         time.sleep(0.05)
         for item in list(running):
             point, job = item

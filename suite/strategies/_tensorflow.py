@@ -83,7 +83,7 @@ class TFOptions(StrategyOptions):
     overlap: ClassVar = costs.NOTHING_HIDDEN
     # Tried; a TensorFlow strategy has no Engine to build on fake tensors (it owns its training),
     # so the plan falls back to the analytic rule, saying so in its notes.
-    cannot_fake: ClassVar = ""
+    cannot_fake: ClassVar = "TensorFlow trains the model's Keras twin: no torch engine runs on fake tensors"
 
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
         return costs.data_parallel_all_reduce(step)  # replicas' or workers' gradients all-reduced

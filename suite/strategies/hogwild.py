@@ -33,7 +33,8 @@ class Options(StrategyOptions):
     overlap: ClassVar = costs.NO_COMMUNICATION
     # Tried; on fake tensors its shared segment fails today, and the plan falls back to the
     # analytic rule with that error in its notes.
-    cannot_fake: ClassVar = ""
+    cannot_fake: ClassVar = ("its ranks share one model through shared memory (share_memory_), which a fake "
+                             "tensor has no storage for")
 
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
         return {}  # the ranks share one copy of the parameters in memory: no collectives

@@ -47,7 +47,8 @@ class Options(StrategyOptions):
     overlap: ClassVar = costs.NOTHING_HIDDEN
     # Tried; outside a launched job its RPC start fails (no MASTER_ADDR), and the plan falls back
     # to the analytic rule with that error in its notes.
-    cannot_fake: ClassVar = ""
+    cannot_fake: ClassVar = ("its workers reach the server through torch.distributed.rpc, which needs a real "
+                             "agent and rendezvous (MASTER_ADDR): the fake process group carries no RPC")
 
     def check(self, layout, model) -> None:
         if self.staleness < 1:

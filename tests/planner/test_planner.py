@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 import time
 
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -163,6 +166,24 @@ def test_the_cli_writes_the_plan_and_says_why_strategies_are_left_out(tmp_path, 
     assert "ddp @ 16: training.batch_size=8 must divide into 16 data-parallel ranks" in out
     for name in ("plan.md", "plan.csv", "plan.png", "profiles.json"):
         assert (tmp_path / "plan" / name).stat().st_size > 0
+
+
+def test_the_plan_takes_key_value_anywhere_and_prints_no_library_noise(tmp_path):
+    """As a user types it: overrides after --world; the strategies whose real code cannot run on
+    fake tensors say why, and no warning, log line or traceback reaches the output."""
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**_raw({"name": "mlp", "hidden": [16]}, {"name": "digits"}, 8),
+                                    "launch": {"tasks_per_node": 2}}))
+    proc = subprocess.run([sys.executable, "-m", "suite.plan", str(path), "--world", "2", "training.batch_size=16",
+                           "--strategies", "ddp,hogwild,param_server,zero:stage=3", "--out", str(tmp_path / "plan")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    both = proc.stdout + proc.stderr
+    assert "Traceback" not in both and "Warning" not in both and "WARNING" not in both, both[-3000:]
+    assert "global batch 16" in proc.stdout
+    assert "hogwild @ 2: analytic: its ranks share one model through shared memory" in proc.stdout
+    assert "param_server @ 2: analytic: its workers reach the server through torch.distributed.rpc" in proc.stdout
+    assert "fake run failed" not in proc.stdout
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
