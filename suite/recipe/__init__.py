@@ -99,6 +99,11 @@ class Launch(Strict):
     # 0 by default: a restart repeats whatever failed, which for a bug only costs time; and a run
     # that fails should say so at once unless its owner asked for retries (docs/running.md).
     max_restarts: NonNegativeInt = 0
+    # A restart after a node is lost may continue on fewer nodes (Slurm), when the node has not
+    # come back within elastic_wait_s: the same global batch through gradient accumulation, from
+    # the last checkpoint, which must be strategy-neutral (suite.submit.restart; docs/running.md).
+    elastic: bool = False
+    elastic_wait_s: NonNegativeInt = 60
 
     @property
     def mpi_ranks(self) -> bool:
@@ -213,6 +218,8 @@ def check(recipe: Recipe) -> None:
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "
                          "set launch.nodes=1, or use launch.executor=slurm")
+    if launch.elastic:
+        check_elastic(recipe)
     if launch.executor == "mpi" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=mpi starts the ranks with mpirun on this machine, but launch.nodes="
                          f"{launch.nodes}; set launch.nodes=1 (on a cluster: launch.executor=slurm)")
@@ -280,3 +287,19 @@ def _allowed_keys(loc: list[str], raw: dict) -> list[str]:
 def dump(recipe: Recipe) -> str:
     skip = {"sweep"} | ({"arm"} if recipe.arm is None else set())  # a run outside a study says nothing of arms
     return yaml.safe_dump(recipe.model_dump(mode="json", exclude=skip), sort_keys=False)
+
+
+def check_elastic(recipe: Recipe) -> None:
+    """launch.elastic: restarts that may continue on fewer Slurm nodes, from a checkpoint any
+    world size can load."""
+    launch = recipe.launch
+    if launch.executor != "slurm":
+        raise SuiteError(f"launch.elastic=true continues a run on fewer Slurm nodes when one is lost, but "
+                         f"launch.executor={launch.executor}; use launch.executor=slurm, or drop launch.elastic")
+    if launch.max_restarts < 1:
+        raise SuiteError("launch.elastic=true acts when a run restarts, but launch.max_restarts=0; "
+                         "set launch.max_restarts to 1 or more")
+    if recipe.strategy.no_neutral_checkpoint:
+        raise SuiteError(f"launch.elastic=true resumes at a smaller world size, but strategy {recipe.strategy.name}'s "
+                         f"checkpoints resume only at their own ({recipe.strategy.no_neutral_checkpoint}); "
+                         f"use ddp, fsdp, tensor, pipeline or zero stage 3, or drop launch.elastic")

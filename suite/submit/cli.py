@@ -113,6 +113,12 @@ def _predicted_text(recipe) -> str:
             f"{p['exposed_comm_s'] * 1e3:.1f} ms exposed; {p['source']} profile)")
 
 
+def _requeue_wait_s(recipe) -> float | None:
+    """How long the follower lets a job that Slurm requeued after a node failure pend before it
+    restarts the run without the node (launch.elastic), or None: Slurm reruns it when it can."""
+    return recipe.launch.elastic_wait_s if recipe.launch.elastic else None
+
+
 def _resume(args) -> int:
     """Launch a run again into its own folder; its ranks resume from the last checkpoint."""
     run_dir = Path(args.resume).resolve()
@@ -183,14 +189,15 @@ def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
     for (r, run_dir), job in zip(runs, jobs):
         run_record.record_job(run_dir, job.job_id, r.launch.executor)
         print(f"{run_record.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
-        watches.append(follow.Watch(job, run_dir, r.training.epochs))
+        watches.append(follow.Watch(job, run_dir, r.training.epochs, requeue_wait_s=_requeue_wait_s(r)))
 
     def resubmit_job(w):
         def resubmit(restart):  # the run alone, as --resume submits it (a sweep's point leaves its array)
             (job,) = launch.submit([(restart.recipe, w.run_dir)], watched=True)
             run_record.record_job(w.run_dir, job.job_id, restart.recipe.launch.executor)
             print(f"  job {job.job_id}, run record: {w.run_dir}", flush=True)
-            return follow.Watch(job, w.run_dir, restart.recipe.training.epochs)
+            return follow.Watch(job, w.run_dir, restart.recipe.training.epochs,
+                                requeue_wait_s=_requeue_wait_s(restart.recipe))
         return resubmit
 
     if wait:

@@ -39,6 +39,7 @@ class Failure:
     restartable: bool  # a rank died or crashed, a node was lost; not bad input, not a cancel
     rank: int | None = None
     node: str | None = None  # Slurm's name of the node the failing rank ran on, where known
+    waited_s: float = 0.0  # how long the follower already waited for a lost node to come back
 
 
 # Reasons Slurm gives for a pending job that will never start as submitted.
@@ -52,7 +53,7 @@ class Watch:
     """One job and its run folder."""
 
     def __init__(self, job, run_dir: Path, total_epochs: int, printer=print, grace_s: float = 15.0,
-                 state_every_s: float = 2.0, stop_timeout_s: float = 10.0):
+                 state_every_s: float = 2.0, stop_timeout_s: float = 10.0, requeue_wait_s: float | None = None):
         self.job, self.run_dir, self.printer = job, Path(run_dir), printer
         self.progress = _Progress(self.run_dir, total_epochs, printer, prefix=f"[{job.job_id}] ")
         self.grace_s, self.state_every_s, self.stop_timeout_s = grace_s, state_every_s, stop_timeout_s
@@ -61,6 +62,9 @@ class Watch:
         self.never_starts: str | None = None  # Slurm's reason, for a job that cannot start
         self._since = time.time()  # rank process records older than this are an earlier attempt's
         self.failure: Failure | None = None  # set by outcome() when the run did not complete
+        # launch.elastic: a job Slurm requeued after a node failed is given up after this long
+        # pending (the restart then continues without the node); None: wait for Slurm to rerun it.
+        self.requeue_wait_s, self._requeued_at, self._nodes, self.lost = requeue_wait_s, None, "", None
         self.local = isinstance(job, submitit.LocalJob) or getattr(job, "local", False)  # or mpirun's (submit/mpi.py)
 
     def poll(self) -> bool:
@@ -76,7 +80,7 @@ class Watch:
         self._update_state()
         if self.state and self.state.split()[0] in ("RUNNING", "COMPLETED", "FINISHED"):
             self._report_started_ranks()
-        if self.state and self.state.split()[0] == "PENDING" and self._cannot_start():
+        if self.state and self.state.split()[0] == "PENDING" and (self._cannot_start() or self._node_lost()):
             return True
         if self._failed_at is None and (run_record.first_error(self.run_dir) or self._dead_ranks()):
             self._failed_at = time.time()
@@ -104,6 +108,10 @@ class Watch:
                 self.printer(f"[{self.job.job_id}] RUNNING")
             if state != "ENDED":
                 self.printer(f"[{self.job.job_id}] {state}")
+            if state.split()[0] == "RUNNING" and not self.local:
+                self._nodes = squeue(self.job.job_id, "%N") or self._nodes  # the nodes it runs on
+            if state.split()[0] == "PENDING" and (self.state or "").split()[:1] == ["RUNNING"]:
+                self._requeued_at = time.time()  # Slurm put it back (a node failed, or preemption)
             self.state = state
 
     def _ran_between_polls(self, state: str) -> bool:
@@ -127,6 +135,20 @@ class Watch:
             self.job.cancel(check=False)
             return True
         return False
+
+    def _node_lost(self) -> bool:
+        """A job Slurm requeued after it ran (a node failed), pending longer than
+        ``requeue_wait_s``: cancelled, and the run fails restartable naming the lost nodes."""
+        if self._requeued_at is None or self.requeue_wait_s is None:
+            return False
+        waited = time.time() - self._requeued_at
+        if waited < self.requeue_wait_s:
+            return False
+        self.job.cancel(check=False)
+        self.cancelled_by_us = True
+        self.lost = (f"Slurm requeued the job after its node(s) {self._nodes or '?'} failed, and it did not start "
+                     f"again within launch.elastic_wait_s={self.requeue_wait_s:g} s", waited)
+        return True
 
     def _dead_ranks(self) -> list[int]:
         """Local ranks whose process is gone while the job runs and that left no result: killed."""
@@ -199,6 +221,11 @@ class Watch:
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             self.failure = Failure(why, restartable=False)
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}")
+        if self.lost:
+            why, waited = self.lost
+            run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
+            self.failure = Failure(why, restartable=True, node=self._nodes or None, waited_s=waited)
+            raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {why}")
         error = run_record.first_error(self.run_dir) or _submitit_error(self.job)
         dead = self._dead_ranks() if self.cancelled_by_us else []
         silent = _silent_ranks(self.job, self.run_dir) if (error or dead) and not self.cancelled_by_us else dead

@@ -11,17 +11,23 @@ it is known (srun's line naming the task, the rank's process record, or the node
 job that Slurm now reports down) and only while the run still fits on the partition's other
 usable nodes; otherwise the line says why the node is kept.
 
+With ``launch.elastic``, a run that no longer fits (its lost node not back within
+``launch.elastic_wait_s``) continues on the nodes left, the same global batch through gradient
+accumulation (``suite.submit.elastic``), from its strategy-neutral checkpoint.
+
 Each restart is an attempt in the run record with its cause (``run_record.announce_restart``)
 and one line here: ``restart 1/3 from checkpoint step 30: rank 1 killed by SIGKILL after step 37``.
 """
 from __future__ import annotations
 
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from suite.common.errors import RunCancelled
+from suite.common.errors import RunCancelled, SuiteError
 from suite.record import run_record
+from suite.submit import elastic
 
 # sinfo's short node states (%t) in which a node takes no new job; a trailing "*" (not
 # responding) says the same of any state.
@@ -84,15 +90,26 @@ class Restarts:
                 f"last cause: {self.last_cause}")
 
     def _exclude(self, restart: Restart, failure, job_id: str) -> None:
-        """Leave the failed node out of the next job where the run still fits without it."""
+        """Leave the failed node out of the next job where the run still fits without it; with
+        launch.elastic, where it does not, wait for the node, then continue on fewer nodes."""
         launch = self.recipe.launch
-        failed = [failure.node] if failure.node else _lost_nodes(job_id)
+        failed = _failed_nodes(failure, job_id)
         new = [n for n in failed if n and n not in self.excluded]
         if new:
             usable = usable_nodes(launch.partition)
             left = None if usable is None else [n for n in usable if n not in self.excluded + new]
-            if left is None:
+            if left is not None and len(left) < launch.nodes and launch.elastic:
+                back = self._wait_for_nodes(launch, new, launch.elastic_wait_s - failure.waited_s)
+                if back is not None:  # a lost node that came back is not left out
+                    new = [n for n in new if n not in back]
+                    left = [n for n in back if n not in new]
+            if not new:
+                restart.note = "the lost node came back"
+            elif left is None:
                 restart.note = f"node {','.join(new)} not excluded: sinfo cannot tell which nodes are left"
+            elif len(left) < launch.nodes and launch.elastic and self._shrink(restart, len(left)):
+                self.excluded += new
+                restart.note = f"excluding node {','.join(self.excluded)}; {restart.note}"
             elif len(left) < launch.nodes:
                 restart.note = (f"node {','.join(new)} not excluded: the run needs {launch.nodes} node(s) and "
                                 f"{len(left)} usable would be left{_in(launch.partition)}")
@@ -103,8 +120,46 @@ class Restarts:
             restart.note = f"excluding node {','.join(self.excluded)}"
         restart.excluded = list(self.excluded)
         if self.excluded:
+            launch = restart.recipe.launch
             extra = {**launch.sbatch_extra, "exclude": ",".join(self.excluded)}
-            restart.recipe = self.recipe.model_copy(update={"launch": launch.model_copy(update={"sbatch_extra": extra})})
+            restart.recipe = restart.recipe.model_copy(update={"launch": launch.model_copy(update={"sbatch_extra": extra})})
+        self.recipe = restart.recipe  # a later restart starts from this one's launch
+
+    def _wait_for_nodes(self, launch, lost: list[str], wait_s: float) -> list[str] | None:
+        """Up to ``wait_s`` for enough usable nodes (the lost one back, or others); the nodes left."""
+        deadline, left = time.monotonic() + max(0.0, wait_s), None
+        if wait_s > 0:
+            self.printer(f"waiting up to {wait_s:.0f} s (launch.elastic_wait_s) for node {','.join(lost)} to come back",
+                         flush=True)
+        while True:
+            usable = usable_nodes(launch.partition)
+            left = None if usable is None else [n for n in usable if n not in self.excluded]
+            if left is not None and len(left) >= launch.nodes or time.monotonic() >= deadline:
+                return left
+            time.sleep(2)
+
+    def _shrink(self, restart: Restart, nodes_left: int) -> bool:
+        """The run on the most nodes left that divide its node count, the same global batch
+        through gradient accumulation (``elastic.shrunk``); False, with the reason in the
+        restart's note, where it cannot."""
+        try:
+            restart.recipe, restart.note = elastic.shrunk(self.recipe, nodes_left)
+        except SuiteError as e:
+            restart.note = f"cannot continue on fewer nodes: {e}"
+            return False
+        return True
+
+
+def _failed_nodes(failure, job_id: str) -> list[str]:
+    """The nodes to leave out: the failing rank's, or those of the job's nodes (a requeued job's
+    list, or the job's as sacct knows it) that Slurm now reports unusable."""
+    if failure.node and not failure.waited_s:
+        return [failure.node]
+    if failure.node:  # a node list ("n[1-2]"): the follower gave up waiting on a requeued job
+        names = (_run("scontrol", "show", "hostnames", failure.node) or "").split()
+        states = _node_states() or {}
+        return [n for n in names if n in states and not states[n]]
+    return _lost_nodes(job_id)
 
 
 def _in(partition) -> str:

@@ -234,6 +234,7 @@ def _maybe_fail(rank: int, step: int, attempt: int = 1) -> None:
     RANK:STEP:kill kills the process (SIGKILL: no Python error, as with the OOM killer).
     Several, comma-separated; ``@A`` after one fires it in attempt A only (the run record's
     attempt number), e.g. ``1:5:kill@1,0:9:kill@2`` for a run restarted after each.
+    RANK:STEP:pause sleeps there for 10 minutes (a test takes the rank's node away meanwhile).
     (RANK:STEP:kill-in-save is suite.train.checkpoint's: a kill in the middle of a save.)"""
     for spec in os.environ.get("SCALESUITE_FAIL_AT", "").split(","):
         spec, _, only = spec.strip().partition("@")
@@ -241,5 +242,7 @@ def _maybe_fail(rank: int, step: int, attempt: int = 1) -> None:
             continue
         if spec == f"{rank}:{step}:kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if spec == f"{rank}:{step}:pause":
+            time.sleep(600)
         if spec == f"{rank}:{step}":
             raise RuntimeError(f"injected failure at rank {rank}, step {step} (SCALESUITE_FAIL_AT)")

@@ -1,0 +1,188 @@
+"""launch.elastic on the local Slurm: a node taken away mid-run (its slurmd killed, Slurm told it is
+DOWN) ends the job NODE_FAIL (or Slurm requeues it, and the follower gives it up after
+elastic_wait_s); the lost node does not come back within elastic_wait_s, so the restart continues
+on the node left with twice the accumulation steps: the global batch, and so the per-step
+losses, equal single's (float64)."""
+import json
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from suite import recipe as recipes
+from suite.record import run_record
+from tests.parity import make_recipe, tolerance
+
+pytestmark = pytest.mark.skipif(shutil.which("sinfo") is None,
+                                reason="no Slurm here (sinfo not found); .ci/run starts a local cluster")
+
+SECTIONS = dict(training={"epochs": 1, "batch_size": 16, "seed": 2, "log_every_steps": 2, "checkpoint_every_steps": 4},
+                data={"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 256, "n_val": 32})
+PAUSE_AT = 9  # rank 0 stops here in the first attempt (the checkpoint of step 8 is saved): the node goes meanwhile
+
+
+def _node_pid(node: str) -> int:
+    return int(Path(f"/run/slurmd-{node}.pid").read_text().strip())
+
+
+def _job_processes(job_id: str, node: str) -> list[int]:
+    """The processes of ``job_id``'s step on ``node`` (left running when its slurmd is killed)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in env and f"SLURMD_NODENAME={node}".encode() in env:
+            found.append(int(proc.name))
+    return found
+
+
+def _take_node_away(node: str, job_id: str) -> None:
+    os.kill(_node_pid(node), signal.SIGKILL)
+    for pid in _job_processes(job_id, node):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test_elastic"], check=True)
+
+
+def _bring_back(node: str) -> None:
+    subprocess.run(["bash", "slurm/start.sh"], capture_output=True, text=True, timeout=120)
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+
+
+def _losses(run_dir):
+    latest = {}
+    for rec in run_record.read_metrics(run_dir, kind="step", rank=0):  # a later attempt's line wins
+        latest[rec["step"]] = rec["global_loss"]
+    return [latest[k] for k in sorted(latest)]
+
+
+def test_a_lost_node_leaves_an_elastic_run_finishing_on_one_node_with_singles_losses(tmp_path, baseline_of):
+    if len(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()) < 2:
+        pytest.fail("the local Slurm has fewer than 2 nodes; start it with bash slurm/start.sh")
+    recipe = make_recipe({"name": "ddp"}, **SECTIONS)
+    raw = yaml.safe_load(recipes.dump(recipe))
+    raw["name"] = "elastic"
+    raw["launch"] = {**raw["launch"], "executor": "slurm", "nodes": 2, "tasks_per_node": 1, "max_restarts": 1,
+                     "elastic": True, "elastic_wait_s": 3}
+    path = tmp_path / "elastic.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # as users run it: W&B offline
+    env["SCALESUITE_FAIL_AT"] = f"0:{PAUSE_AT}:pause@1"
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lost = None
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            runs = [p for p in out.glob("elastic-*") if (p / "checkpoint" / "latest.json").exists()]
+            if runs and json.loads((runs[0] / "checkpoint" / "latest.json").read_text())["step"] >= PAUSE_AT - 1:
+                lost = "n2"  # rank 1's: the run asks for both nodes
+                _take_node_away(lost, run_record.read_job(runs[0])["job_id"])
+                break
+            time.sleep(0.5)
+        assert lost, "the run never reached its pause with a checkpoint"
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if lost:
+            _bring_back(lost)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "continuing on 1 of 2 node(s) (launch.elastic) with training.grad_accumulation=2" in stdout, stdout
+    (run_dir,) = out.glob("elastic-*")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    second = summary["attempts"][-1]
+    # Slurm ends the job NODE_FAIL, or (a batch job it may requeue) puts it back to pending: either way lost.
+    cause = summary["attempts"][1]["cause"]
+    assert second.get("world_size") == 1 and ("NODE_FAIL" in cause or "requeued" in cause), summary["attempts"]
+    assert summary["attempts"][1]["excluded_nodes"] == ["n2"]
+    single = baseline_of(make_recipe({"name": "single"}, **SECTIONS))
+    got = _losses(run_dir)
+    assert len(got) == len(single.losses)
+    assert max(abs(a - b) for a, b in zip(got, single.losses)) <= tolerance(recipe), (got, single.losses)
+
+
+class _RequeuedJob:
+    """A Slurm job as the follower sees it: running on n[1-2], then back to pending (requeued)."""
+    job_id, num_tasks, local = "77", 2, False
+
+    def __init__(self):
+        self.states, self.cancelled = ["RUNNING", "PENDING"], False
+
+    def get_info(self, mode="force"):
+        return {"State": self.states[0] if len(self.states) == 1 else self.states.pop(0)}
+
+    def cancel(self, check=False):
+        self.cancelled = True
+
+    def task(self, k):
+        return type("T", (), {"paths": type("P", (), {"stdout": Path("/nonexistent")})()})()
+
+
+def test_a_job_slurm_requeued_after_a_node_failed_is_given_up_after_elastic_wait_s(tmp_path, monkeypatch):
+    from suite.common.errors import RunFailed
+    from suite.submit import follow, restart
+
+    monkeypatch.setattr(follow, "squeue", lambda job, field: "n[1-2]" if field == "%N" else "BeginTime")
+    job = _RequeuedJob()
+    watch = follow.Watch(job, tmp_path, 1, printer=lambda *a, **k: None, state_every_s=0, requeue_wait_s=0.2)
+    assert not watch.poll()  # running
+    assert not watch.poll()  # pending again: requeued, waiting
+    time.sleep(0.3)
+    assert watch.poll() and job.cancelled  # given up after elastic_wait_s
+    with pytest.raises(RunFailed, match="Slurm requeued the job after its node.s. n\\[1-2\\] failed"):
+        watch.outcome()
+    assert watch.failure.restartable and watch.failure.waited_s >= 0.2
+    # The nodes to leave out: those of its list that Slurm now reports down.
+    monkeypatch.setattr(restart, "_run", lambda *cmd: {("scontrol", "show", "hostnames", "n[1-2]"): "n1\nn2\n"}.get(
+        cmd, "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None))
+    assert restart._failed_nodes(watch.failure, "77") == ["n2"]
+
+
+def test_an_elastic_run_shrinks_to_the_most_nodes_left_that_divide_its_own():
+    from suite.common.errors import SuiteError
+    from suite.submit import elastic
+
+    def on(nodes, strategy=None, **training):
+        raw = yaml.safe_load(recipes.dump(make_recipe(strategy or {"name": "ddp"}, **SECTIONS)))
+        raw["training"].update(training)
+        raw["launch"] = {**raw["launch"], "executor": "slurm", "nodes": nodes, "tasks_per_node": 2,
+                         "max_restarts": 1, "elastic": True}
+        return recipes.validate(raw)
+
+    smaller, line = elastic.shrunk(on(4), 3)  # 3 left: 2 divides 4, 3 does not
+    assert smaller.launch.nodes == 2 and smaller.training.grad_accumulation == 2
+    assert smaller.training.batch_size == 16 and smaller.layout().dp_size == 4
+    assert "continuing on 2 of 4 node(s)" in line
+    smaller, _ = elastic.shrunk(on(4, grad_accumulation=2), 1)
+    assert smaller.launch.nodes == 1 and smaller.training.grad_accumulation == 8
+    with pytest.raises(SuiteError, match="no usable node is left"):
+        elastic.shrunk(on(2), 0)
+    # Degrees fixed in the recipe that the smaller world cannot hold: refused, the strategy's words.
+    with pytest.raises(SuiteError, match="strategy.dp"):
+        elastic.shrunk(on(4, {"name": "tensor", "dp": 2, "tp": 4}), 2)
+
+
+def test_elastic_needs_slurm_restarts_and_a_neutral_checkpoint():
+    from suite.common.errors import SuiteError
+
+    raw = yaml.safe_load(recipes.dump(make_recipe({"name": "ddp"}, **SECTIONS)))
+    with pytest.raises(SuiteError, match="launch.elastic=true .* launch.executor=local"):
+        recipes.validate({**raw, "launch": {**raw["launch"], "elastic": True, "max_restarts": 1}})
+    slurm = {**raw["launch"], "executor": "slurm", "elastic": True}
+    with pytest.raises(SuiteError, match="launch.max_restarts=0"):
+        recipes.validate({**raw, "launch": slurm})
+    with pytest.raises(SuiteError, match="strategy allreduce's checkpoints resume only at their own"):
+        recipes.validate({**raw, "strategy": {"name": "allreduce"}, "launch": {**slurm, "max_restarts": 1}})
