@@ -45,13 +45,19 @@ def _job_processes(job_id: str, node: str) -> list[int]:
 
 
 def _take_node_away(node: str, job_id: str) -> None:
+    """As a node that dies: its slurmd goes, Slurm marks it DOWN (the job ends NODE_FAIL or is
+    requeued), and only then its processes go (killed first, srun would see a task killed)."""
     os.kill(_node_pid(node), signal.SIGKILL)
-    for pid in _job_processes(job_id, node):
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test_elastic"], check=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", job_id, "-t", "RUNNING", "-o", "%i"],
+                                                    capture_output=True, text=True).stdout.strip():
+        time.sleep(0.2)
+    for pid in _job_processes(job_id, node):  # the orphans of the dead slurmd
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test_elastic"], check=True)
 
 
 def _bring_back(node: str) -> None:
@@ -66,14 +72,17 @@ def _losses(run_dir):
     return [latest[k] for k in sorted(latest)]
 
 
-def test_a_lost_node_leaves_an_elastic_run_finishing_on_one_node_with_singles_losses(tmp_path, baseline_of):
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baseline_of):
+    """Without elastic the restart keeps the node (the run needs both) and waits for it: brought
+    back after the restart, the run finishes on both nodes, with the same losses."""
     if len(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()) < 2:
         pytest.fail("the local Slurm has fewer than 2 nodes; start it with bash slurm/start.sh")
     recipe = make_recipe({"name": "ddp"}, **SECTIONS)
     raw = yaml.safe_load(recipes.dump(recipe))
     raw["name"] = "elastic"
     raw["launch"] = {**raw["launch"], "executor": "slurm", "nodes": 2, "tasks_per_node": 1, "max_restarts": 1,
-                     "elastic": True, "elastic_wait_s": 3}
+                     "elastic": elastic, "elastic_wait_s": 3}
     path = tmp_path / "elastic.yaml"
     path.write_text(yaml.safe_dump(raw))
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # as users run it: W&B offline
@@ -92,6 +101,10 @@ def test_a_lost_node_leaves_an_elastic_run_finishing_on_one_node_with_singles_lo
                 break
             time.sleep(0.5)
         assert lost, "the run never reached its pause with a checkpoint"
+        while not elastic and time.time() < deadline and len(run_record.recorded_attempts(runs[0])) < 2:
+            time.sleep(0.5)  # the restart is submitted, and waits for the node
+        if not elastic:
+            _bring_back(lost)
         stdout, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -99,15 +112,19 @@ def test_a_lost_node_leaves_an_elastic_run_finishing_on_one_node_with_singles_lo
         if lost:
             _bring_back(lost)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    assert "continuing on 1 of 2 node(s) (launch.elastic) with training.grad_accumulation=2" in stdout, stdout
     (run_dir,) = out.glob("elastic-*")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     second = summary["attempts"][-1]
     # Slurm ends the job NODE_FAIL, or (a batch job it may requeue) puts it back to pending: either way lost.
     cause = summary["attempts"][1]["cause"]
-    assert second.get("world_size") == 1 and ("NODE_FAIL" in cause or "requeued" in cause), summary["attempts"]
-    assert summary["attempts"][1]["excluded_nodes"] == ["n2"]
+    assert "NODE_FAIL" in cause or "requeued" in cause, summary["attempts"]
+    if elastic:
+        assert "continuing on 1 of 2 node(s) (launch.elastic) with training.grad_accumulation=2" in stdout, stdout
+        assert second.get("world_size") == 1 and summary["attempts"][1]["excluded_nodes"] == ["n2"]
+    else:
+        assert "node n2 not excluded: the run needs 2 node(s) and 1 usable would be left" in stdout, stdout
+        assert second.get("world_size") == 2 and "excluded_nodes" not in summary["attempts"][1]
     single = baseline_of(make_recipe({"name": "single"}, **SECTIONS))
     got = _losses(run_dir)
     assert len(got) == len(single.losses)
