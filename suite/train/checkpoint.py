@@ -36,6 +36,7 @@ import torch.distributed.checkpoint as dcp
 from suite.common.errors import SuiteError
 from suite.record import run_record
 import signal
+import threading
 import warnings
 from contextlib import contextmanager
 import numpy as np
@@ -46,47 +47,130 @@ latest = run_record.latest_checkpoint
 MODEL = "model"  # the DCP folder of a neutral checkpoint, inside step-<N>/
 
 
-def save(run_dir: Path, ctx, engine, loop_state: dict) -> None:
+def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False) -> None:
+    """Save a checkpoint at ``loop_state["step"]`` (collective). ``background``: a neutral
+    checkpoint's model state is copied aside now and written by a thread beside training (DCP's
+    ``async_save`` over a gloo group of its own); ``latest.json`` switches once it is complete.
+    At most one is in flight: a save (and ``finish``) first waits for the one before. The loop
+    saves in the foreground when the process is about to end (preemption, cancel)."""
+    finish(ctx, run_dir)
     step = loop_state["step"]
     target = folder(run_dir) / f"step-{step}"
     target.mkdir(parents=True, exist_ok=True)
     neutral = not engine.no_neutral_checkpoint
+    background = background and neutral
     state = {"loop": loop_state, "rng": _rng_state()}
     tmp = target / f".rank{ctx.rank}.pt.tmp"
+    future = None
     try:
-        if neutral:  # collective: every rank writes its shards, rank 0 the metadata
+        if neutral and not background:  # collective: every rank writes its shards, rank 0 the metadata
             with _one_process_is_fine():
                 dcp.save(engine.neutral_state(), checkpoint_id=str(target / MODEL))
-        else:
+        elif not neutral:
             state["engine"] = engine.state_dict()
         torch.save(state, tmp)
         _maybe_die_while_saving(ctx.rank, step)
         os.replace(tmp, target / f"rank{ctx.rank}.pt")
+        if background:  # staged to CPU before it returns; then written by DCP's thread
+            with _one_process_is_fine():
+                future = dcp.async_save(engine.neutral_state(), checkpoint_id=str(target / MODEL),
+                                        process_group=_background_group())
     except Exception as e:
         tmp.unlink(missing_ok=True)  # give back what the half-written file took
         if not _disk_full_error(e):
             raise
         raise SuiteError(_disk_full(run_dir, ctx.rank, step)) from None
     if ctx.world_size > 1:
-        dist.barrier()  # every rank's file is in place before latest.json says so
-    if ctx.is_main:
-        # Every rank logged its records up to this step before the barrier: a resumed run keeps
-        # metrics.jsonl up to here and drops what the stopped attempt logged after (it is redone).
-        records = Path(run_dir) / "metrics.jsonl"
-        try:  # written aside and replaced: a full disk leaves the old latest.json
-            run_record.write_json_atomic(folder(run_dir) / "latest.json", {
-                "step": step, "world_size": ctx.world_size, "folder": target.name,
-                "format": "neutral" if neutral else "rank", "strategy": engine.strategy,
-                "metrics_bytes": records.stat().st_size if records.exists() else 0})
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise SuiteError(_disk_full(run_dir, ctx.rank, step)) from None
-        for old in folder(run_dir).glob("step-*"):
-            if old.name != target.name:
-                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()  # every rank's file is in place (and its model staged) before latest.json may say so
+    # Every rank logged its records up to this step before the barrier: a resumed run keeps
+    # metrics.jsonl up to here and drops what the stopped attempt logged after (it is redone).
+    records = Path(run_dir) / "metrics.jsonl"
+    entry = {"step": step, "world_size": ctx.world_size, "folder": target.name,
+             "format": "neutral" if neutral else "rank", "strategy": engine.strategy,
+             "metrics_bytes": records.stat().st_size if records.exists() else 0}
+    if future is not None:
+        global _pending
+        _pending = _Background(run_dir, ctx, entry, future)
+        return
+    _complete(run_dir, ctx, entry)
     if ctx.world_size > 1:
-        dist.barrier()  # no rank runs ahead into a save that rank 0 might still be cleaning up
+        dist.barrier()  # no rank runs ahead before rank 0 has switched latest.json
+
+
+def _complete(run_dir: Path, ctx, entry: dict) -> None:
+    """Rank 0: the checkpoint ``entry`` names is complete on every rank: switch latest.json to it
+    and delete the older ones."""
+    if not ctx.is_main:
+        return
+    try:  # written aside and replaced: a full disk leaves the old latest.json
+        run_record.write_json_atomic(folder(run_dir) / "latest.json", entry)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise SuiteError(_disk_full(run_dir, ctx.rank, entry["step"])) from None
+    for old in folder(run_dir).glob("step-*"):  # older only: a rank may already be writing a newer one
+        if old.name.removeprefix("step-").isdigit() and int(old.name.removeprefix("step-")) < entry["step"]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class _Background(threading.Thread):
+    """Waits for a background save's writes (DCP's future: on rank 0 it completes once every rank
+    has written its part and the metadata is in place), then completes the checkpoint; an error
+    is kept for ``finish`` to raise. A daemon: a failing run does not wait for it at exit."""
+
+    def __init__(self, run_dir: Path, ctx, entry: dict, future):
+        super().__init__(name="scalesuite-checkpoint", daemon=True)
+        self.run_dir, self.ctx, self.entry, self.future, self.error = run_dir, ctx, entry, future, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.future.result()
+            _complete(self.run_dir, self.ctx, self.entry)
+        except BaseException as e:  # noqa: BLE001 - raised again by finish, on the training thread
+            self.error = e
+
+
+_pending: _Background | None = None
+_group = (None, None)  # (the default process group it belongs to, the background saves' gloo group)
+
+
+def finish(ctx, run_dir: Path | None = None) -> None:
+    """Wait for the background save in flight, if any (collective: ``save`` and the loop's end call
+    it on every rank); a full disk there is the one-line SuiteError a foreground save gives. With ``run_dir``, one of
+    another run (a failed run's, in a process that trains the next point of a sweep) is dropped."""
+    global _pending
+    pending, _pending = _pending, None
+    if pending is None or (run_dir is not None and Path(pending.run_dir) != Path(run_dir)):
+        return
+    pending.join()
+    if ctx.world_size > 1:
+        dist.barrier()  # every rank saved it: from here on every rank reads rank 0's latest.json
+    if pending.error is None:
+        return
+    if isinstance(pending.error, SuiteError) or not _disk_full_error(pending.error):
+        raise pending.error
+    raise SuiteError(_disk_full(pending.run_dir, ctx.rank, pending.entry["step"])) from None
+
+
+def settle(run_dir: Path, timeout_s: float = 30.0) -> None:
+    """The run is failing: give a background save in flight up to ``timeout_s`` to complete, so
+    that a checkpoint every rank has staged still becomes the last good one (its peers' writes go
+    on in their own threads while they wait); its error, if any, is not the run's."""
+    global _pending
+    pending, _pending = _pending, None
+    if pending is not None and Path(pending.run_dir) == Path(run_dir):
+        pending.join(timeout_s)
+
+
+def _background_group():
+    """A gloo group for the background saves' own collectives, apart from training's (two threads
+    must not share one group's order of collectives); made once per process group (collective)."""
+    global _group
+    world = dist.group.WORLD
+    if _group[0] is not world:
+        _group = (world, dist.new_group(backend="gloo"))
+    return _group[1]
 
 
 def _disk_full_error(e: BaseException) -> bool:

@@ -79,6 +79,15 @@ class StepLoop:
 
     # ---- training -------------------------------------------------------------------------
     def run(self, sampler, loader, val_loader, printer=None) -> list[dict]:
+        try:
+            epochs = self._run_epochs(sampler, loader, val_loader, printer)
+        except BaseException:
+            checkpoint.settle(self.run_dir)  # a save written beside training still completes, if it can
+            raise
+        checkpoint.finish(self.ctx, self.run_dir)  # a background save in flight completes before the run does
+        return epochs
+
+    def _run_epochs(self, sampler, loader, val_loader, printer) -> list[dict]:
         for epoch in range(self._epoch, self.tr.epochs):
             self._epoch = epoch
             sampler.set_epoch(epoch)
@@ -183,7 +192,8 @@ class StepLoop:
             print(run_record.step_line(self.step, self.total_steps, p.losses[-1], rate), flush=True)
         preempted, cancelled = (v > 0 for v in table[-1, :2].tolist())
         if preempted or cancelled or self._checkpoint_due():
-            checkpoint.save(self.run_dir, self.ctx, self.engine, self.state())
+            # beside training (checkpoint.save), but whole before a stop ends the process
+            checkpoint.save(self.run_dir, self.ctx, self.engine, self.state(), background=not (preempted or cancelled))
             self._saved_step = self.step
         if preempted:
             if self.ctx.is_main:
