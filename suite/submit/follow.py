@@ -3,8 +3,6 @@ the first failing rank's error. A job that fails, is cancelled or loses a rank e
 a message naming the job and the failing rank's log, within a bounded time: never a wait forever."""
 from __future__ import annotations
 
-import json
-import re
 import signal
 import sys
 import time
@@ -19,6 +17,8 @@ from suite.common.errors import RunCancelled, RunFailed
 from suite.common.processes import alive
 from suite.record import run_record
 from suite.record.status import squeue
+from suite.submit import task_ends
+from suite.submit.progress import Progress
 
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -55,7 +55,7 @@ class Watch:
     def __init__(self, job, run_dir: Path, total_epochs: int, printer=print, grace_s: float = 15.0,
                  state_every_s: float = 2.0, stop_timeout_s: float = 10.0, requeue_wait_s: float | None = None):
         self.job, self.run_dir, self.printer = job, Path(run_dir), printer
-        self.progress = _Progress(self.run_dir, total_epochs, printer, prefix=f"[{job.job_id}] ")
+        self.progress = Progress(self.run_dir, total_epochs, printer, prefix=f"[{job.job_id}] ")
         self.grace_s, self.state_every_s, self.stop_timeout_s = grace_s, state_every_s, stop_timeout_s
         self.state, self._state_at, self._failed_at, self._started = None, 0.0, None, set()
         self.cancelled_by_us = False
@@ -226,16 +226,16 @@ class Watch:
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             self.failure = Failure(why, restartable=True, node=self._nodes or None, waited_s=waited)
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {why}")
-        error = run_record.first_error(self.run_dir) or _submitit_error(self.job)
+        error = run_record.first_error(self.run_dir) or task_ends.submitit_error(self.job)
         dead = self._dead_ranks() if self.cancelled_by_us else []
-        silent = _silent_ranks(self.job, self.run_dir) if (error or dead) and not self.cancelled_by_us else dead
-        srun_end = None if self.local else _srun_first_end(self.job)
-        if silent and error and not self.local and _srun_first_bad_exit(self.job) == error[0]:
+        silent = task_ends.silent_ranks(self.job, self.run_dir) if (error or dead) and not self.cancelled_by_us else dead
+        srun_end = None if self.local else task_ends.srun_first_end(self.job)
+        if silent and error and not self.local and task_ends.srun_first_bad_exit(self.job) == error[0]:
             silent = []  # srun ended them (--kill-on-bad-exit) after the erring rank exited: not a cause
         if not silent and not error and not self.cancelled_by_us:
             if self.local and self.job.state != "RUNNING" and _summary(self.run_dir).get("status") not in _STOPPED:
-                silent = _silent_ranks(self.job, self.run_dir)  # all killed, none said a word (rank 0 first)
-            elif srun_end and srun_end[2] in _SIGNAL_WORDS and (self.state or "").split()[:1] == ["FAILED"]:
+                silent = task_ends.silent_ranks(self.job, self.run_dir)  # all killed, none said a word (rank 0 first)
+            elif srun_end and srun_end[2] in task_ends.SIGNAL_WORDS and (self.state or "").split()[:1] == ["FAILED"]:
                 silent = [srun_end[0]]  # srun saw a signal end it, and no rank said a word
         if srun_end and srun_end[0] in silent:  # the task srun saw killed first, not those it then ended
             silent = [srun_end[0]] + [k for k in silent if k != srun_end[0]]
@@ -291,14 +291,14 @@ class Watch:
             return told(rank)
         if self.local:
             return None
-        end = _srun_first_end(self.job, rank)
-        return _SIGNAL_WORDS.get(end[2]) if end else None
+        end = task_ends.srun_first_end(self.job, rank)
+        return task_ends.SIGNAL_WORDS.get(end[2]) if end else None
 
     def _rank_node(self, rank: int) -> str | None:
         """Slurm's name of the node a rank ran on (srun's line, else the rank's process record)."""
         if self.local:
             return None
-        end = _srun_first_end(self.job, rank)
+        end = task_ends.srun_first_end(self.job, rank)
         if end:
             return end[1]
         return next((p.get("node") for p in run_record.rank_processes(self.run_dir) if p["rank"] == rank), None)
@@ -383,100 +383,3 @@ def _process(pid: str):
         return psutil.Process(int(pid))
     except (psutil.NoSuchProcess, ValueError):
         return None
-
-
-def _silent_ranks(job, run_dir: Path) -> list[int]:
-    """Ranks that left neither an error record nor a submitit result: they were killed."""
-    recorded = run_record.error_ranks(run_dir)
-    return [k for k in range(job.num_tasks)
-            if k not in recorded and not submitit_compat.left_result(job.task(k))]
-
-
-def _srun_first_bad_exit(job) -> int | None:
-    """The task srun saw exit with an error code first, from srun's own lines in task 0's log
-    (``srun: error: n1: task 0: Exited with exit code 1``, then ``task 1: Killed`` for the task
-    --kill-on-bad-exit ended); None when the first bad end was a kill, or srun said nothing."""
-    try:
-        text = Path(job.task(0).paths.stderr).read_text(errors="replace")
-    except OSError:
-        return None
-    found = re.search(r"^srun: error: \S+: tasks? (\d+)[\d,-]*: (.*)$", text, re.MULTILINE)
-    return int(found.group(1)) if found and found.group(2).startswith("Exited with exit code") else None
-
-
-# srun's word for a task a signal ended ("Killed") -> the signal's name ("SIGKILL")
-_SIGNAL_WORDS = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
-
-
-def _srun_first_end(job, task: int | None = None):
-    """(task, node, what) of srun's first line about a task that ended badly, in task 0's log
-    (``srun: error: n1: task 1: Killed``), or of ``task``'s first; None when srun said nothing."""
-    try:
-        text = Path(job.task(0).paths.stderr).read_text(errors="replace")
-    except OSError:
-        return None
-    for found in re.finditer(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$", text, re.MULTILINE):
-        tasks = _task_list(found.group(2))
-        if task is None or task in tasks:
-            return (task if task is not None else tasks[0]), found.group(1), found.group(3).strip()
-    return None
-
-
-def _task_list(text: str) -> list[int]:
-    """srun's task list ("0", "0-1", "0,2-3") as numbers."""
-    out = []
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        if first.isdigit():
-            out.extend(range(int(first), int(last) + 1) if last.isdigit() else [int(first)])
-    return out
-
-
-def _submitit_error(job):
-    """A task that died before our loop could record anything (import error, bad pickle)."""
-    for task_id in range(job.num_tasks):
-        task = job.task(task_id)
-        failure = submitit_compat.task_error(task)  # never waits (exception() would, for a pool)
-        if failure is not None:
-            last = [ln for ln in failure.strip().splitlines() if ln.strip()][-1]
-            return task_id, last, task.paths.stderr
-    return None
-
-
-class _Progress:
-    """Prints rank 0's epoch records as they land, and a step line at most every few seconds."""
-
-    def __init__(self, run_dir, total_epochs, printer, prefix="", every_s: float = 5.0):
-        self.path = run_dir / "metrics.jsonl"
-        self.total_epochs, self.printer, self.prefix, self.every_s = total_epochs, printer, prefix, every_s
-        self.offset = self.path.stat().st_size if self.path.exists() else 0  # a resumed run: only what is new
-        self.last_print = time.time()
-        self.last_step = None
-
-    def show(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            size = f.seek(0, 2)
-            if size < self.offset:  # cut back by a resumed run (to its checkpoint): go on from there
-                self.offset = size
-            f.seek(self.offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # only whole lines
-        self.offset += end
-        for line in chunk[:end].decode(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("rank") != 0:
-                continue
-            if rec["kind"] == "epoch":
-                self.printer(self.prefix + run_record.epoch_line(rec, self.total_epochs))
-                self.last_print, self.last_step = time.time(), None
-            elif rec["kind"] == "step" and rec.get("global_loss") is not None:
-                self.last_step = rec
-        if self.last_step and time.time() - self.last_print > self.every_s:
-            s = self.last_step
-            self.printer(f"{self.prefix}  step {s['step'] + 1}  epoch {s['epoch'] + 1}  loss {s['global_loss']:.4f}")
-            self.last_print, self.last_step = time.time(), None

@@ -254,7 +254,7 @@ def test_a_failed_tasks_error_is_read_at_once_while_its_peers_still_run(tmp_path
 
     import submitit
 
-    from suite.submit.follow import _submitit_error
+    from suite.submit.task_ends import submitit_error as _submitit_error
     from tests.submitit_tasks import rank1_fails_while_rank0_works
 
     executor = submitit.LocalExecutor(tmp_path)
