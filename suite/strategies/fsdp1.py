@@ -42,8 +42,10 @@ class Options(costs.ShardedUnits, StrategyOptions):
             held["parameters"] = total["parameters"]
         return held
 
-    # comm_rule (ShardedUnits): two gathers per unit whatever the sharding, as the planner has always
-    # counted it (grad_op's single gather is what a fake run sees); flat parameters: no copies counted.
+    def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
+        # Gathered before each unit's forward, and again before its backward where full sharding
+        # freed them after forward (grad_op keeps them: one gather); flat parameters: no copies counted.
+        return costs.sharded_units(step, gathers=2 if self.sharding == "full" else 1)
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:
