@@ -50,6 +50,7 @@ class Bench:
     repeats: Optional[int]  # --repeats; None: each section's own default (``times``)
     quick: bool
     strategies: Optional[list[str]] = None  # --strategies: the overhead section measures only these
+    slurm: bool = False  # --slurm: the predict section also runs on 2 nodes of the local Slurm
     log: list[str] = field(default_factory=list)
 
     def times(self, default: int = 3) -> int:

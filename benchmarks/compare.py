@@ -24,7 +24,9 @@ from common import ROOT, Bench, machine  # noqa: E402
 
 SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "batchnorm", "plan",
             "checkpoint"]
-OPTIONAL = ["studies"]  # only when --only names it: three studies' cpu profiles, about 25 min on 2 cores
+# Only when --only names them: three studies' cpu profiles (about 25 min on 2 cores); the step-time
+# prediction over every model family and strategy (predict: about 30 min, 8 with --quick).
+OPTIONAL = ["studies", "predict"]
 
 
 def parse_args(argv):
@@ -37,6 +39,7 @@ def parse_args(argv):
                    "machine), 3 for the others")
     p.add_argument("--quick", action="store_true", help="few steps per run: checks the benchmark, measures little")
     p.add_argument("--strategies", help="overhead section: only these (single, ddp, zero2, fsdp), e.g. to rerun one target")
+    p.add_argument("--slurm", action="store_true", help="predict section: also 2 nodes of the local Slurm (slurm/start.sh)")
     args = p.parse_args(argv)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in args.only if name not in SECTIONS + OPTIONAL]
@@ -55,7 +58,7 @@ def main(argv=None) -> int:
     if out.exists() and any(out.iterdir()):
         sys.exit(f"{out} is not empty; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(out, args.repeats, args.quick, args.strategies)
+    bench = Bench(out, args.repeats, args.quick, args.strategies, slurm=args.slurm)
     command = "python benchmarks/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
     head = ["# Benchmark results", "", f"Command: `{command}`", "",
             f"Taken {time.strftime('%Y-%m-%d %H:%M %Z')} on:", *machine(), ""]
