@@ -56,9 +56,17 @@ def model_step(recipe) -> dict:
             inputs, targets = fake_batch(recipe, layout.accumulation_batch)
         optimizer = setup.make_optimizer(model.parameters())  # its step counters stay on the CPU: Adam reads them
         outputs = []  # each top-level block's output bytes: what a pipeline stage may send on
+        blocks = list(model.children())
+        block_flops = [0] * len(blocks)  # each top-level block's forward FLOPs: how a split shares the compute
         hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(_tensor_bytes(out)))
-                 for block in model.children()]
+                 for block in blocks]
+        for i, block in enumerate(blocks):
+            hooks.append(block.register_forward_pre_hook(lambda _m, _i, i=i: block_flops.__setitem__(
+                i, block_flops[i] - flops.get_total_flops())))
+            hooks.append(block.register_forward_hook(lambda _m, _i, _o, i=i: block_flops.__setitem__(
+                i, block_flops[i] + flops.get_total_flops())))
         for _ in range(2):
+            block_flops[:] = [0] * len(blocks)
             flops, passes, update = FlopCounterMode(display=False), LiveBytes(), LiveBytes()
             with flops, passes:
                 loss = setup.task.loss(model(inputs), inputs, targets)
@@ -72,7 +80,34 @@ def model_step(recipe) -> dict:
     return {"flops": int(flops.get_total_flops()) * layout.accumulation_steps, "boundary_bytes": max(outputs, default=0),
             "activation_bytes": max(passes.peak - sum(sizes), 0), "optimizer_bytes": update.peak,
             "parameter_bytes": sum(sizes), "largest_tensor_bytes": max(sizes, default=0),
-            "parameter_tensors": len(sizes), "units": unit_bytes(model)}
+            "parameter_tensors": len(sizes), "units": unit_bytes(model), "block_flops": block_flops,
+            "block_parameters": [sum(p.numel() for p in block.parameters()) for block in blocks]}
+
+
+def stage_share(recipe, step: dict) -> float | None:
+    """The share of the model's compute its busiest pipeline stage does (which sets a pipeline's
+    pace), by the blocks each stage gets: the strategy's ``split_at``, else parameter-balanced as
+    the splitting strategies cut (``suite.strategies.splitting``; DeepSpeed's ``partition:
+    uniform`` by block count); None where the model is not cut into stages."""
+    # start-up: loads torch, suite.strategies only when this runs
+    from suite.strategies.splitting import balanced_split
+
+    stages, flops = recipe.layout().degree("pipeline"), step.get("block_flops") or []
+    if stages < 2 or len(flops) < stages or not sum(flops):
+        return None
+    split = getattr(recipe.strategy, "split_at", None)
+    if split is None:
+        uniform = getattr(recipe.strategy, "partition", "parameters") == "uniform"
+        split = balanced_split([1] * len(flops) if uniform else step["block_parameters"], stages)
+    edges = [0, *split, len(flops)]
+    return max(sum(flops[a:b]) for a, b in zip(edges, edges[1:])) / sum(flops)
+
+
+def _rank_flops(recipe, step: dict, parts: int) -> int:
+    """This rank's FLOPs per step: its pipeline stage's share where the model is cut into stages
+    (the busiest stage's: it sets the pace), else an even share of the ranks holding one replica."""
+    share = stage_share(recipe, step)
+    return int(step["flops"] * share) if share is not None else step["flops"] // parts
 
 
 def _tensor_bytes(value) -> int:
@@ -185,7 +220,7 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
         notes.append("messages between stages sized by the largest top-level block's output")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
-                       flops=step["flops"] // parts, samples=recipe.training.batch_size,
+                       flops=_rank_flops(recipe, step, parts), samples=recipe.training.batch_size,
                        comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()},
                        copy_bytes=copy_bytes(recipe, comm_bytes), source="analytic", notes="; ".join(notes))
 

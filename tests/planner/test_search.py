@@ -9,6 +9,7 @@ from suite import recipe as recipes
 from suite.planner import hardware, model_time, search, timing
 from suite.planner.predict import prediction
 from suite.planner.profile import StepProfile
+from suite.strategies.splitting import balanced_split
 
 RAW = {"name": "t", "model": {"name": "mlp", "hidden": [64, 64]},
        "data": {"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 256, "n_val": 32},
@@ -100,3 +101,24 @@ def test_the_search_checkpoints_then_accumulates_to_fit_and_says_why_it_gives_up
     assert f"training.grad_accumulation={tight[0].accumulation}" in tight[0].overrides
     none = search.search(raw, 1, 2, h100, 1024, strategies=specs, refine=0, progress=lambda _: None)
     assert none[0].excluded.startswith("does not fit:") and "GiB available" in none[0].excluded
+
+
+def test_a_pipeline_rank_computes_its_busiest_stages_share():
+    """Parameter-balanced cuts leave a CNN's compute uneven: the stage with most of it sets the pace."""
+    from suite.planner import analytic
+
+    raw = {**RAW, "model": {"name": "vgg11", "width": 0.25, "classifier_hidden": 128},
+           "data": {"name": "synthetic", "shape": [3, 32, 32], "classes": 10, "n_train": 64, "n_val": 8}}
+    recipe = recipes.validate({**raw, "strategy": {"name": "pipeline", "stages": 2}})
+    step = analytic.model_step(recipe)
+    blocks = step["block_flops"]
+    assert len(blocks) == len(step["block_parameters"]) and sum(blocks) > 0
+    split = balanced_split(step["block_parameters"], 2)  # the pipeline's own cut: parameters balanced
+    busiest = max(sum(blocks[:split[0]]), sum(blocks[split[0]:])) / sum(blocks)
+    assert analytic.stage_share(recipe, step) == pytest.approx(busiest)
+    assert 0.5 < busiest < 1  # uneven, not all on one stage
+    profile = analytic.profile(recipe, 2, "under test", step=step)
+    assert profile.flops == int(step["flops"] * busiest)
+    # A strategy that does not cut the model: an even share of the replica's ranks (here: all of it).
+    ddp = recipes.validate({**raw, "strategy": {"name": "ddp"}})
+    assert analytic.stage_share(ddp, analytic.model_step(ddp)) is None
