@@ -54,12 +54,19 @@ BORROWED = {"recv": "send", "all_to_all": "all_gather", "barrier": "all_reduce",
 
 
 def call_time_s(kind: str, world: int, n_bytes: float, alpha_s: float, beta_bytes_per_s: float,
-                calls: int = 1) -> float:
-    """Time of ``calls`` calls of ``kind`` on ``world`` ranks moving ``n_bytes`` in total."""
+                calls: int = 1, trees: bool = False) -> float:
+    """Time of ``calls`` calls of ``kind`` on ``world`` ranks moving ``n_bytes`` in total.
+    ``trees``: the backend may all-reduce by a double binary tree where that is faster (NCCL
+    chooses per message size: 2⌈log2 N⌉·α + 2·n/β; at 1,024 ranks a ring's latency term is
+    2,046 α, a tree's 20 α); gloo's rings are taken as rings."""
     if world <= 1 or calls <= 0:
         return 0.0  # one rank: torch.distributed returns without communicating
     a, b = FACTORS[kind](world)
-    return calls * a * alpha_s + b * n_bytes / beta_bytes_per_s
+    ring = calls * a * alpha_s + b * n_bytes / beta_bytes_per_s
+    if trees and kind == "all_reduce":
+        depth = math.ceil(math.log2(world))
+        return min(ring, calls * 2 * depth * alpha_s + 2 * n_bytes / beta_bytes_per_s)
+    return ring
 
 
 def fit(kind: str, world: int, points: list[tuple[float, float]]) -> dict:

@@ -178,7 +178,8 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
         source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
         f = fits[source]
         out[kind] = alpha_beta.call_time_s(kind, size, profile.comm_bytes.get(kind, 0),
-                                           f["alpha_s"], f["beta_bytes_per_s"], calls)
+                                           f["alpha_s"], f["beta_bytes_per_s"], calls,
+                                           trees=calibration.get("backend") == "nccl")
     return out
 
 

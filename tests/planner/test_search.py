@@ -122,3 +122,15 @@ def test_a_pipeline_rank_computes_its_busiest_stages_share():
     # A strategy that does not cut the model: an even share of the replica's ranks (here: all of it).
     ddp = recipes.validate({**raw, "strategy": {"name": "ddp"}})
     assert analytic.stage_share(ddp, analytic.model_step(ddp)) is None
+
+
+def test_under_nccl_a_small_all_reduce_at_1024_ranks_takes_a_trees_latency_not_a_rings():
+    from suite.planner import alpha_beta
+
+    ring = alpha_beta.call_time_s("all_reduce", 1024, 4e5, 20e-6, 50e9)
+    tree = alpha_beta.call_time_s("all_reduce", 1024, 4e5, 20e-6, 50e9, trees=True)
+    assert ring == pytest.approx(2046 * 20e-6 + 2 * 1023 / 1024 * 4e5 / 50e9)
+    assert tree == pytest.approx(2 * 10 * 20e-6 + 2 * 4e5 / 50e9)
+    # Two ranks: the ring is no worse, and is what is taken.
+    assert alpha_beta.call_time_s("all_reduce", 2, 4e8, 20e-6, 50e9, trees=True) == \
+        alpha_beta.call_time_s("all_reduce", 2, 4e8, 20e-6, 50e9)
