@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import plots, render, study as studies, study_tables, tables, wandb_runs
+from analysis import plots, ranks as rank_times, render, study as studies, study_tables, tables, wandb_runs
 from analysis.runs import RECORD_FILES, find_run_dirs, load_all
 from suite.record import run_record
 from suite.common.errors import SuiteError, one_line
@@ -157,6 +157,7 @@ def _main(args) -> int:
     predicted = tables.prediction_rows(runs)
     wandb = [] if args.no_wandb else wandb_rows(runs)
     parity = parity_rows(runs)
+    slow = rank_times.rows(runs)  # where each rank's step went; the straggler named
     run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "arm": r.arm,
                  "strategy": r.strategy, "world_size": r.world_size, "seed": r.seed,
                  "samples_per_s": r.summary["samples_per_s"], "train_time_s": r.summary.get("train_time_s"),
@@ -164,7 +165,7 @@ def _main(args) -> int:
                  **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]
 
     render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation", "strategy_shown")] if throughput else None)
-    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("parity", parity), ("cost", costs), ("predicted", predicted), ("runs", run_rows),
+    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("parity", parity), ("ranks", slow), ("cost", costs), ("predicted", predicted), ("runs", run_rows),
                        ("wandb", wandb), ("skipped", [{"path": str(s.path), "reason": s.reason} for s in skipped])):
         render.write_csv(out / f"{name}.csv", rows)
 
@@ -207,6 +208,9 @@ def _main(args) -> int:
             ("Verdicts against the baseline (strategy single, same experiment)", verdicts, VERDICT, tables.NOISE_RULE),
             ("Parity certificates", parity, PARITY, PARITY_NOTE if parity else "No run here was certified; "
              "python -m suite.verify RECIPE writes one."),
+            ("Ranks: compute and collectives", slow, rank_times.COLUMNS,
+             " ".join([rank_times.NOTE, *rank_times.stragglers(runs)]) if slow else
+             "No run here split its steps (data-parallel strategies on CPU at world size 2 or more do)."),
             ("Cost", costs, COST, f"Prices from {args.prices}; device-hours = devices x wall time."),
             ("W&B offline runs", wandb, WANDB, "Read with `python -m wandb leet inspect --json`."),
             ("Predicted vs measured", predicted, PREDICTED, PREDICTED_NOTE),

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py and sectio
 from common import ROOT, Bench, machine  # noqa: E402
 
 SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "batchnorm", "plan",
-            "checkpoint"]
+            "slow_rank", "checkpoint"]
 # Only when --only names them: three studies' cpu profiles (about 25 min on 2 cores); the step-time
 # prediction over every model family and strategy (predict: about 30 min, 8 with --quick).
 OPTIONAL = ["studies", "predict"]

@@ -114,3 +114,28 @@ link_present() {
   ip link show "$LINK_BRIDGE" >/dev/null 2>&1 || return 1
   for n in "$@"; do ip netns exec "slurm-$n" true 2>/dev/null || return 1; done
 }
+
+# --- slow nodes (--node-cpu) -------------------------------------------------
+# A node's CPU capped through cgroup v1's cpu controller: its slurmd starts inside the group, and
+# every job step it runs inherits it (slurm.conf.in: proctrack/linuxproc, task/none: Slurm moves
+# no process into cgroups of its own). Quota = share x the node's CPUs (slurm.conf) x period.
+CPU_ROOT=/sys/fs/cgroup/cpu
+cpu_group() { echo "$CPU_ROOT/slurm-$1"; }
+
+# Usage: cpu_cap_up NODE PERCENT CPUS
+cpu_cap_up() {
+  local group period; group=$(cpu_group "$1")
+  [ -e "$CPU_ROOT/cpu.cfs_quota_us" ] || { echo "cgroup v1's cpu controller is not mounted at $CPU_ROOT" >&2; return 1; }
+  mkdir -p "$group"
+  period=$(cat "$group/cpu.cfs_period_us")
+  echo $(( period * $3 * $2 / 100 )) >"$group/cpu.cfs_quota_us"
+}
+
+# Remove every node's group (empty once its slurmd and job steps are gone; rmdir refuses otherwise).
+cpu_cap_down() {
+  local group
+  for group in "$CPU_ROOT"/slurm-n*; do
+    [ -d "$group" ] || continue
+    rmdir "$group" 2>/dev/null || echo "cpu group $group still holds processes: $(tr '\n' ' ' <"$group/cgroup.procs")" >&2
+  done
+}

@@ -1,30 +1,43 @@
 #!/usr/bin/env bash
 # Start a real local Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 1-2 slurmd).
-# Usage: slurm/start.sh [--nodes 1|2] [--link 10gbit|1gbit|100mbit]   Idempotent: an already-running cluster is left as is.
+# Usage: slurm/start.sh [--nodes 1|2] [--link 10gbit|1gbit|100mbit] [--node-cpu n2=50%]   Idempotent: an already-running cluster is left as is.
 #   --link RATE: each slurmd in its own network namespace behind a tbf-shaped veth (slurm/README.md).
+#   --node-cpu NODE=PCT: that node's slurmd and its jobs capped at PCT of the node's CPUs (cgroup v1; repeatable).
 set -eEuo pipefail   # -E: the ERR trap below also fires inside functions
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 
 NODES=2
 LINK=
+NODE_CPU=()   # NODE=PCT, each node capped (--node-cpu)
 while [ $# -gt 0 ]; do
   case $1 in
     --nodes) NODES=${2:-}; shift 2 ;;
     --nodes=*) NODES=${1#*=}; shift ;;
     --link) LINK=${2:-}; shift 2 ;;
     --link=*) LINK=${1#*=}; shift ;;
-    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
-    *) echo "start: unknown argument '$1' (accepted: --nodes 1|2, --link 10gbit|1gbit|100mbit)" >&2; exit 2 ;;
+    --node-cpu) NODE_CPU+=("${2:-}"); shift 2 ;;
+    --node-cpu=*) NODE_CPU+=("${1#*=}"); shift ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "start: unknown argument '$1' (accepted: --nodes 1|2, --link 10gbit|1gbit|100mbit, --node-cpu n2=50%)" >&2; exit 2 ;;
   esac
 done
 case $NODES in 1|2) ;; *) echo "start: --nodes must be 1 or 2, got '$NODES'" >&2; exit 2 ;; esac
 case $LINK in ''|10gbit|1gbit|100mbit) ;; *) echo "start: --link must be 10gbit, 1gbit or 100mbit, got '$LINK'" >&2; exit 2 ;; esac
+declare -A CPU_SHARE=()   # node -> percent of its CPUs
+for spec in "${NODE_CPU[@]}"; do
+  node=${spec%%=*}; pct=${spec#*=}; pct=${pct%\%}
+  [[ $spec == *=* && $node =~ ^n[1-9]$ && $pct =~ ^[0-9]+$ ]] && [ "$pct" -ge 1 ] && [ "$pct" -le 100 ] \
+    || { echo "start: --node-cpu takes NODE=PERCENT, e.g. n2=50%, got '$spec'" >&2; exit 2; }
+  [ "${node#n}" -le "$NODES" ] || { echo "start: --node-cpu names $node, but the cluster has nodes n1..n$NODES" >&2; exit 2; }
+  CPU_SHARE[$node]=$pct
+done
 
 mkdir -p "$LOG_DIR"
 LOG=$LOG_DIR/start.log
 echo "=== start.sh --nodes $NODES $(date -Is)" >>"$LOG"
 LINK_MADE=   # set once this run made the namespaces: a failure then removes them again
+CPU_MADE=    # likewise for the capped nodes' cgroups (--node-cpu)
 die() {
   if [ -n "$LINK_MADE" ]; then
     local n
@@ -32,6 +45,12 @@ die() {
       pid_alive "/run/slurmd-$n.pid" slurmd && kill -TERM "$(tr -dc 0-9 <"/run/slurmd-$n.pid")" 2>/dev/null
     done
     link_down
+  fi
+  if [ -n "$CPU_MADE" ]; then   # the capped nodes' slurmds first, then the groups they leave empty
+    for n in "${!CPU_SHARE[@]}"; do
+      pid_alive "/run/slurmd-$n.pid" slurmd && kill -TERM "$(tr -dc 0-9 <"/run/slurmd-$n.pid")" 2>/dev/null
+    done
+    sleep 1; cpu_cap_down
   fi
   echo "start: $*; see $LOG and /var/log/slurm/" >&3; exit 1   # fd 3: the caller's stderr, also from redirected steps
 }
@@ -50,6 +69,7 @@ detach() { local out=$1; shift; setsid -f "$@" </dev/null >>"$out" 2>&1 3>&-; }
 
 # --- config ---------------------------------------------------------------
 node_names=(n1 n2); node_names=("${node_names[@]:0:$NODES}")
+NODE_CPUS=2   # each node's CPUs in slurm.conf; what --node-cpu's percentage is of
 new_conf=$(mktemp); trap 'rm -f "$new_conf"' EXIT
 {
   if [ -n "$LINK" ]; then  # the nodes reach slurmctld through the bridge
@@ -60,10 +80,12 @@ new_conf=$(mktemp); trap 'rm -f "$new_conf"' EXIT
   echo
   echo "# $NODES node(s) on this host; each slurmd listens on its own port."
   [ -z "$LINK" ] || echo "# link: $LINK (each node in network namespace slurm-<node>, veth-<node> shaped by tbf)"
+  # a changed cap changes the config, so a running cluster with another one is refused (stop.sh first)
+  for n in "${!CPU_SHARE[@]}"; do echo "# cpu: $n capped at ${CPU_SHARE[$n]}% of its CPUs (cgroup $(cpu_group "$n"))"; done
   port=17001
   for n in "${node_names[@]}"; do
     addr=127.0.0.1; [ -z "$LINK" ] || addr=$(link_addr "$n")
-    echo "NodeName=$n NodeHostname=localhost NodeAddr=$addr Port=$port CPUs=2 RealMemory=10000 State=UNKNOWN"
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=$addr Port=$port CPUs=$NODE_CPUS RealMemory=10000 State=UNKNOWN"
     port=$((port + 1))
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${node_names[*]}") Default=YES MaxTime=INFINITE State=UP"
@@ -79,6 +101,7 @@ all_up() {
   while read -r name pidfile comm; do pid_alive "$pidfile" "$comm" || return 1; done < <(base_daemons)
   for n in "${node_names[@]}"; do pid_alive "/run/slurmd-$n.pid" slurmd || return 1; done
   [ -z "$LINK" ] || link_present "${node_names[@]}" || return 1
+  for n in "${!CPU_SHARE[@]}"; do [ -d "$(cpu_group "$n")" ] || return 1; done
   nodes_usable
 }
 if cmp -s "$new_conf" /etc/slurm/slurm.conf && all_up; then
@@ -93,7 +116,7 @@ slurm_running() {
 mkdir -p /etc/slurm
 if ! cmp -s "$new_conf" /etc/slurm/slurm.conf; then
   # Changing the node set under running daemons leaves them disagreeing: ask for a clean restart.
-  slurm_running && die "cluster is running with a different config (nodes); run slurm/stop.sh first"
+  slurm_running && die "cluster is running with a different config (nodes, links or CPU caps); run slurm/stop.sh first"
   cp "$new_conf" /etc/slurm/slurm.conf
 fi
 
@@ -157,8 +180,15 @@ for n in "${node_names[@]}"; do
   pid_alive "/run/slurmd-$n.pid" slurmd && continue
   mkdir -p "/tmp/slurm-$n"   # the node's TmpFS (slurm.conf.in says why)
   netns=(); [ -z "$LINK" ] || netns=(nsenter "--net=/run/netns/slurm-$n")   # its jobs inherit the namespace (not `ip netns exec`: it remounts /sys, hiding the cgroup mount slurmd wants)
+  join=   # --node-cpu: the shell joins the node's capped group before it becomes slurmd (jobs inherit it)
+  if [ -n "${CPU_SHARE[$n]:-}" ]; then
+    CPU_MADE=1
+    cpu_cap_up "$n" "${CPU_SHARE[$n]}" "$NODE_CPUS" >>"$LOG" 2>&1
+    join="echo \$\$ >'$(cpu_group "$n")/cgroup.procs' && "
+    echo "start: $n capped at ${CPU_SHARE[$n]}% of its $NODE_CPUS CPUs ($(cpu_group "$n"))"
+  fi
   detach "$LOG" "${netns[@]}" unshare -m --propagation slave \
-    sh -c "mount --bind '$HOSTS_FILE' /etc/hosts && exec slurmd -N '$n'"
+    sh -c "${join}mount --bind '$HOSTS_FILE' /etc/hosts && exec slurmd -N '$n'"
 done
 wait_for 60 nodes_usable || { sinfo -N >>"$LOG" 2>&1 || true; die "nodes not idle within 60 s (sinfo -N)"; }
 

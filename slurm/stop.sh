@@ -34,4 +34,7 @@ done < <(base_daemons | tac)
 if ip link show "$LINK_BRIDGE" >/dev/null 2>&1 || ls /run/netns/slurm-n* >/dev/null 2>&1; then
   link_down; echo "stop: shaped links removed (namespaces slurm-n*, bridge $LINK_BRIDGE)"
 fi
+if ls -d "$CPU_ROOT"/slurm-n* >/dev/null 2>&1; then
+  cpu_cap_down; echo "stop: node CPU caps removed (cgroups $CPU_ROOT/slurm-n*)"
+fi
 echo "stop: all local Slurm daemons down"

@@ -55,10 +55,12 @@ class DataOptions(BaseModel):
     def check(self) -> None:
         """Raise SuiteError for options that do not fit together or with the data (recipe time)."""
 
-    def train_loader(self, train, sampler, batch_size: int, seed: int) -> DataLoader:
+    def train_loader(self, train, sampler, batch_size: int | None, seed: int) -> DataLoader:
         """This rank's training batches (``sampler`` picks its share); image data sets augment them
-        here (``suite.data.images``). ``seed`` is ``training.seed``."""
-        return DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=True)
+        here (``suite.data.images``). ``seed`` is ``training.seed``. ``batch_size`` None: the
+        sampler yields each batch's indices itself (training.balance's unequal shares,
+        suite.train.balance)."""
+        return loader(train, sampler, batch_size)
 
     def check_available(self) -> None:
         """Raise SuiteError if the data cannot be loaded (checked before launch)."""
@@ -93,6 +95,14 @@ class LoadedOnce(DataOptions):
         inputs, targets = self.loaded()[0].tensors
         masks = inputs.ndim == 4 and targets.ndim == 3 and targets.shape[1:] == inputs.shape[2:]
         return "masks" if masks else "labels"
+
+
+def loader(dataset, sampler, batch_size: int | None, **options) -> DataLoader:
+    """Batches of ``batch_size`` from ``sampler`` (the last, short one dropped), or, with
+    ``batch_size`` None, the batches a batch sampler yields."""
+    if batch_size is None:
+        return DataLoader(dataset, batch_sampler=sampler, **options)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **options)
 
 
 def _head(ds: TensorDataset, n):

@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from torch.utils.data import DataLoader, TensorDataset
 
 from suite.data.augment import Augment, AugmentedSet, keep_batch
-from suite.data.base import DataOptions
+from suite.data.base import DataOptions, loader
 from suite.common.errors import SuiteError
 
 
@@ -93,14 +93,14 @@ class ImageOptions(DataOptions):
             return train, val
         return tuple(TensorDataset(standardise(ds.tensors[0], *stats), ds.tensors[1]) for ds in (train, val))
 
-    def train_loader(self, train, sampler, batch_size: int, seed: int) -> DataLoader:
+    def train_loader(self, train, sampler, batch_size: int | None, seed: int) -> DataLoader:
         if not self.augment.active:
             return super().train_loader(train, sampler, batch_size, seed)
         stats = self.statistics()
         channels = train.tensors[0].shape[1]
         fill = -torch.tensor(stats[0]) / torch.tensor(stats[1]) if stats else torch.zeros(channels)
         augmented = AugmentedSet(train, self.augment, seed, fill, epoch_of=lambda: sampler.epoch)
-        return DataLoader(augmented, batch_size=batch_size, sampler=sampler, drop_last=True, collate_fn=keep_batch)
+        return loader(augmented, sampler, batch_size, collate_fn=keep_batch)
 
 
 def standardise(x: torch.Tensor, mean, std) -> torch.Tensor:

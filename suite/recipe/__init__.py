@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
                       ValidationError)
 
 from suite.data import DATASETS
+from suite.common import cpu_cap
 from suite.common.errors import SuiteError
 from suite.recipe.schedule import Schedule
 from suite.models import MODELS
@@ -69,6 +70,13 @@ class Training(Strict):
     # error away from the unperturbed one, whose distance from it over the steps is the noise
     # floor suite.verify judges a strategy against. 0: the weights as the seed makes them.
     init_perturbation: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
+    # How the global batch is split over the data-parallel ranks (suite.train.balance): equal
+    # (batch_size / ranks each), speed (in proportion to each rank's speed, measured over the first
+    # steps) or shares (training.balance_shares). The global batch holds the same samples either
+    # way and the loss is weighted so the gradient stays its mean: the losses are single's.
+    balance: Literal["equal", "speed", "shares"] = "equal"
+    # balance=shares: samples per data-parallel rank, in rank order, summing to batch_size
+    balance_shares: Optional[list[PositiveInt]] = None
 
 
 class Launch(Strict):
@@ -104,6 +112,10 @@ class Launch(Strict):
     # the last checkpoint, which must be strategy-neutral (suite.submit.restart; docs/running.md).
     elastic: bool = False
     elastic_wait_s: NonNegativeInt = 60
+    # Slow ranks on purpose: the share of its CPUs each rank may use, in rank order, e.g. [100%, 50%]
+    # (ranks past the list, and 100%, uncapped); a capped rank caps itself through cgroup v1's cpu
+    # controller (suite.common.cpu_cap: root, cgroup v1). A whole Slurm node: slurm/start.sh --node-cpu n2=50%.
+    rank_cpu: list[str] = []
 
     @property
     def mpi_ranks(self) -> bool:
@@ -130,7 +142,8 @@ class Tracking(Strict):
 # before it came); runs of a batch-norm model under data parallelism recorded before it normalised
 # per rank, and would now group with synced runs.
 _LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"),
-               ("training", "grad_clip_norm"), ("strategy", "transport"), ("training", "init_perturbation"))
+               ("training", "grad_clip_norm"), ("strategy", "transport"), ("training", "init_perturbation"),
+               ("training", "balance"), ("training", "balance_shares"))
 
 
 class Recipe(Strict):
@@ -214,6 +227,7 @@ def check(recipe: Recipe) -> None:
     recipe.optimizer.schedule.check(recipe.optimizer.lr)
     recipe.data.check()
     strategy_keys.check(recipe)  # keys outside strategy.* the strategy cannot honour (TensorFlow's)
+    check_balance(recipe)
     launch = recipe.launch
     if launch.executor == "local" and launch.nodes != 1:
         raise SuiteError(f"launch.executor=local runs on this machine only, but launch.nodes={launch.nodes}; "
@@ -233,8 +247,39 @@ def check(recipe: Recipe) -> None:
     if launch.executor == "debug" and launch.world_size != 1:
         raise SuiteError(f"launch.executor=debug runs one rank in this process, but the recipe asks for "
                          f"world size {launch.world_size}; use launch.executor=local, or tasks_per_node=1")
+    for rank, share in enumerate(launch.rank_cpu):
+        cpu_cap.percent(share, f"launch.rank_cpu.{rank}")
+    if len(launch.rank_cpu) > launch.world_size:
+        raise SuiteError(f"launch.rank_cpu gives {len(launch.rank_cpu)} ranks a share, but the run has "
+                         f"{launch.world_size}; give at most one per rank, in rank order")
     if recipe.training.precision == "fp16" and recipe.launch.device == "cpu":
         raise SuiteError("training.precision=fp16 needs a GPU; use bf16 on CPU")
+
+
+def check_balance(recipe: Recipe) -> None:
+    """training.balance other than equal: a strategy whose ranks each train their part of the
+    batch through the shared step and average gradients over the ranks (its ``uneven_batches``),
+    and shares that fit the layout."""
+    tr, layout = recipe.training, recipe.layout()
+    if tr.balance_shares is not None and tr.balance != "shares":
+        raise SuiteError(f"training.balance_shares is set but training.balance={tr.balance}; "
+                         f"set training.balance=shares, or leave training.balance_shares out")
+    if tr.balance == "equal":
+        return
+    if not type(recipe.strategy).uneven_batches:
+        able = ", ".join(n for n, s in STRATEGIES.items() if getattr(s.Options, "uneven_batches", False))
+        shares = f" (training.balance_shares={tr.balance_shares})" if tr.balance_shares else ""
+        raise SuiteError(f"training.balance={tr.balance}{shares} gives ranks unequal parts of the batch, which strategy "
+                         f"{recipe.strategy.name} cannot train (its ranks do not each average a data-parallel "
+                         f"gradient through the shared step); set training.balance=equal, or use {able}")
+    if tr.balance == "shares":
+        shares = tr.balance_shares or []
+        if len(shares) != layout.dp_size or sum(shares) != tr.batch_size:
+            raise SuiteError(f"training.balance_shares={shares} must give each of the {layout.dp_size} data-parallel "
+                             f"ranks its samples, summing to training.batch_size={tr.batch_size}")
+        if min(shares) < tr.grad_accumulation:
+            raise SuiteError(f"training.balance_shares={shares}: every rank needs at least training.grad_accumulation="
+                             f"{tr.grad_accumulation} samples (one per pass)")
 
 
 # ---- error messages -----------------------------------------------------------------------

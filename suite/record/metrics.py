@@ -153,3 +153,23 @@ def mean_iou(intersection, union) -> float | None:
 def median(values) -> float | None:
     values = list(values)
     return statistics.median(values) if values else None
+
+
+STRAGGLER_RATIO = 1.2  # compute per step this many times the fastest rank's: the others wait for it
+
+
+def straggler(ranks: list[dict]) -> dict | None:
+    """The rank whose compute per step (``compute_s``: its own forward, backward and optimizer
+    step, suite.strategies.clock) is the largest, where it is at least ``STRAGGLER_RATIO`` times
+    the smallest: a synchronous step goes at its pace, and its peers' ``collective_s`` is mostly
+    waiting for it. None with one rank, without the split, or when no rank stands out."""
+    timed = [r for r in ranks if r and r.get("compute_s")]
+    if len(timed) < 2:
+        return None
+    slow = max(timed, key=lambda r: r["compute_s"])
+    fast = min(timed, key=lambda r: r["compute_s"])
+    if slow["compute_s"] < STRAGGLER_RATIO * fast["compute_s"]:
+        return None
+    return {"rank": slow["rank"], "compute_s": slow["compute_s"], "fastest_compute_s": fast["compute_s"],
+            "peers_collective_s": median(r.get("collective_s") for r in timed if r is not slow
+                                         and r.get("collective_s") is not None)}

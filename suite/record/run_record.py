@@ -54,6 +54,12 @@ class RankSummary(BaseModel):
     train_time_s: Optional[float] = None
     wandb_mode: str = "disabled"
     strategy_metrics: dict = {}
+    # Mean seconds per step of the rank's own work and of its time in collectives after its
+    # backward (waiting for slower peers, then the transfer): suite.strategies.clock; None where the
+    # engine does not split its steps
+    compute_s: Optional[float] = None
+    collective_s: Optional[float] = None
+    batch_share: Optional[int] = None  # samples of the global batch it trained per step: training.balance
 
 
 class Summary(BaseModel):
@@ -104,6 +110,9 @@ class Summary(BaseModel):
     job_id: Optional[str] = None
     wandb_notice: Optional[str] = None  # W&B fell back to offline, or its export failed
     predicted: Optional[dict] = None  # the planner's prediction for this run (suite.planner.predict)
+    # The rank whose compute per step the others waited for, where one stands out (suite.record.metrics.straggler)
+    straggler: Optional[dict] = None
+    balance: Optional[dict] = None  # training.balance=speed: the compute measured and the shares decided
 
 
 class BadSummary(ValueError):

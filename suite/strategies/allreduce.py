@@ -18,6 +18,7 @@ from suite.strategies.base import ModuleEngine, StrategyOptions
 class Options(StrategyOptions):
     name: Literal["allreduce"] = "allreduce"
     reusable_process: ClassVar = True
+    uneven_batches: ClassVar = True  # training.balance: a full replica per rank, gradients averaged
     transport: Literal["torch", "mpi"] = "torch"  # what carries the gradients
     overlap: ClassVar = costs.AFTER_BACKWARD
     cannot_fake: ClassVar = ""
@@ -32,6 +33,7 @@ class Options(StrategyOptions):
 
 
 class AllReduceEngine(ModuleEngine):
+    splits_step_time: ClassVar = True  # reduce_gradients is its only collective
     def __init__(self, setup, module):
         super().__init__(setup, module)
         # Replicas must start equal: take rank 0's initial weights, as DDP does.

@@ -1,15 +1,18 @@
 """What every strategy shares: its options base class and the one-module engine."""
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from typing import Callable, ClassVar, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict
+from torch.nn.parallel import DistributedDataParallel
 
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis, ModelInfo, Layout
 from suite.strategies import clip, neutral
+from suite.strategies.clock import StepClock
 from suite.strategies.costs import Overlap, StepSizes
 from suite.strategies.engine import Engine, StepResult, StepSums, full_state
 from suite.record.metrics import optimizer_state_bytes, tensor_bytes
@@ -39,6 +42,12 @@ class StrategyOptions(BaseModel):
     # Why the strategy's losses are not meant to equal single's (asynchronous updates), or ""
     # where they are: suite.verify refuses to certify such a strategy with this reason.
     no_parity: ClassVar[str] = ""
+    # Whether the strategy trains ranks that hold unequal parts of the global batch
+    # (training.balance: speed or shares, suite.train.balance): only where every rank trains a
+    # full replica through ModuleEngine's step and the gradients are averaged over the ranks, so
+    # that weighting each rank's loss by its share (ModuleEngine.pass_weight) gives the global
+    # batch's mean gradient. Off unless a strategy says so; the recipe check refuses the key.
+    uneven_batches: ClassVar[bool] = False
     # The planner's rules (suite.strategies.costs; docs/architecture.md, "A strategy's rules"):
     # None here, declared by every strategy; the planner refuses a strategy that leaves one None.
     # comm_rule(self, step: StepSizes) -> Comm (a method); overlap: an Overlap (a class attribute,
@@ -120,6 +129,14 @@ class ModuleEngine(Engine):
         self.optimizer = setup.make_optimizer(module.parameters())
         self.dp_rank, self.dp_size = setup.layout.dp_rank(setup.ctx.rank), setup.layout.dp_size
         self._gradient_bytes = 0
+        # compute and collective time per step (suite.strategies.clock): data-parallel engines whose
+        # reduction is reduce_gradients or DDP's backward, on CPU (host time splits no CUDA step)
+        self.clock = StepClock(module.parameters()) if self.splits_step_time and setup.ctx.device.type == "cpu" else None
+
+    # Whether this engine's steps are split into compute and collective time (suite.strategies.clock):
+    # set by an engine whose gradients are reduced in reduce_gradients or in DDP's backward, and
+    # whose rank does nothing collective in forward.
+    splits_step_time: ClassVar[bool] = False
 
     def sync_context(self, last: bool):
         return nullcontext()
@@ -142,18 +159,49 @@ class ModuleEngine(Engine):
         for x, y, last in self.setup.accumulation_chunks(inputs, targets):
             with self.sync_context(last=last):
                 loss, right = self.forward_loss(x, y)
-                (loss / passes).backward()
-            sums.add(loss, right, passes)
+                if self.setup.uneven_batches:  # training.balance: this pass's share of the global batch
+                    weight = self.pass_weight(len(x))
+                    (loss * weight).backward()
+                    sums.add(loss * (len(x) / len(inputs)), right, 1)
+                else:
+                    (loss / passes).backward()
+                    sums.add(loss, right, passes)
         return sums
 
+    def pass_weight(self, samples: int) -> float:
+        """training.balance (unequal batches): the factor on a pass's mean loss so that the
+        gradients the strategy averages over its ``dp_size`` ranks are the global batch's mean:
+        mean over the pass x samples / global batch x dp_size. The average divides by dp_size,
+        which the factor undoes, leaving sum over all samples / global batch; with equal batches
+        it is 1 / passes, today's factor. Kept as a weight on the mean rather than a sum reduction
+        so that every averaging strategy (DDP's reducer, the hand-written all-reduce) is right
+        unchanged."""
+        return samples * self.dp_size / self.setup.layout.batch_size
+
     def train_step(self, inputs, targets) -> StepResult:
+        started = time.perf_counter()
         sums = self.accumulate_gradients(inputs, targets)
         self.reduce_gradients()
+        reduced = time.perf_counter()
         self.note_gradient_bytes()
         grad_norm = self.clip_gradients()
         self.optimizer.step()
         self.zero_grad()
-        return sums.result(len(inputs), grad_norm)
+        result = sums.result(len(inputs), grad_norm)
+        if self.clock is not None:
+            result.compute_s, result.collective_s = self.clock.split(started, reduced, time.perf_counter())
+        return result
+
+    @torch.no_grad()
+    def local_forward(self, inputs) -> None:
+        """The replica alone (DDP's wrapper left out: its forward may broadcast buffers), in eval
+        mode (batch norm on its running statistics, no synced statistics, no dropout draws)."""
+        plain = self.module.module if isinstance(self.module, DistributedDataParallel) else self.module
+        training = plain.training
+        plain.eval()
+        with self.setup.autocast():
+            plain(inputs)
+        plain.train(training)
 
     def note_gradient_bytes(self) -> None:
         """Gradient bytes this rank holds at a step's end, for ``held_bytes``: the same every

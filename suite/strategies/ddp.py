@@ -16,6 +16,7 @@ class Options(StrategyOptions):
     name: Literal["ddp"] = "ddp"
     warm_imports: ClassVar = (torch_compat.DYNAMO,)
     reusable_process: ClassVar = True
+    uneven_batches: ClassVar = True  # training.balance: a full replica per rank, gradients averaged
     bucket_cap_mb: PositiveFloat = 25.0
     static_graph: bool = False
     overlap: ClassVar = costs.Overlap(
@@ -40,6 +41,7 @@ class Options(StrategyOptions):
 
 
 class DDPEngine(ModuleEngine):
+    splits_step_time: ClassVar = True  # its backward returns once the buckets are all-reduced
     def sync_context(self, last: bool):
         # Skip the all-reduce on all but the last micro-batch of an accumulated step.
         return super().sync_context(last) if last else self.module.no_sync()

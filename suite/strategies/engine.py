@@ -26,6 +26,11 @@ class StepResult:
     samples: int  # samples this rank's loss stands for (0 where loss is None)
     correct: Optional[torch.Tensor] = None  # correctly classified samples, where it applies
     grad_norm: Optional[torch.Tensor] = None  # global gradient norm before clipping; only when clipping
+    # Where the step's time went on this rank (suite.strategies.clock), where the engine measures it:
+    # its own work (forward, backward, optimizer step) and the time after its backward spent in
+    # collectives (waiting for slower peers, then the transfer)
+    compute_s: Optional[float] = None
+    collective_s: Optional[float] = None
 
 
 @dataclass
@@ -43,6 +48,9 @@ class Setup:
     seed: int = 0
     run_dir: Optional[str] = None
     model_name: str = ""  # recipe model.name: strategies with per-model layouts (tensor) look it up
+    # training.balance other than equal: ranks hold unequal parts of the global batch, and
+    # ModuleEngine weights each pass's loss by its share (ModuleEngine.pass_weight)
+    uneven_batches: bool = False
 
     @property
     def precision(self) -> str:
@@ -75,6 +83,8 @@ class Setup:
     def accumulation_chunks(self, inputs, targets):
         """This rank's batch as ``layout.accumulation_steps`` forward/backward passes:
         ``(inputs, targets, last)`` each, ``last`` on the pass after which gradients are reduced."""
+        # Unequal batches (training.balance): a share n does not divide gives unequal chunks, and
+        # ModuleEngine.pass_weight weighs each by its samples.
         n = self.layout.accumulation_steps
         pairs = list(zip(inputs.chunk(n), targets.chunk(n))) if n > 1 else [(inputs, targets)]
         return [(x, y, i == len(pairs) - 1) for i, (x, y) in enumerate(pairs)]
@@ -136,6 +146,13 @@ class Engine:
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> StepResult:
         """One optimizer step on this rank's part of the global batch."""
+        raise NotImplementedError
+
+    def local_forward(self, inputs: torch.Tensor) -> None:
+        """One forward pass of this rank's part of the model alone, without gradients or
+        collectives, leaving every parameter, buffer and random state as it was: what
+        training.balance=speed times to compare ranks' speeds (suite.train.balance). Only
+        strategies that declare ``uneven_batches`` are asked."""
         raise NotImplementedError
 
     def optimizer_groups(self) -> list[dict]:

@@ -16,8 +16,16 @@ from suite.train import checkpoint, stop
 
 
 class StepLoop:
-    def __init__(self, ctx, engine, log, training, total_steps, run_dir, task, lr_at=None, allocated=None):
+    def __init__(self, ctx, engine, log, training, total_steps, run_dir, task, lr_at=None, allocated=None,
+                 balancer=None):
         self.ctx, self.engine, self.log, self.tr = ctx, engine, log, training
+        # training.balance=speed (suite.train.balance): told every step's result until it has set the shares
+        self.balancer = balancer
+        self._sampler = None
+        # this attempt's per-step split where the engine measures it (suite.strategies.clock); not
+        # kept in checkpoints: the summary's medians are of the last attempt's steps
+        self.compute_s: list[float] = []
+        self.collective_s: list[float] = []
         # suite.record.allocated: counts the bytes allocated from the model build through the
         # first steps of this attempt, then stops (nothing sampled for the rest of the run)
         self.allocated = allocated
@@ -88,6 +96,7 @@ class StepLoop:
         return epochs
 
     def _run_epochs(self, sampler, loader, val_loader, printer) -> list[dict]:
+        self._sampler = sampler
         for epoch in range(self._epoch, self.tr.epochs):
             self._epoch = epoch
             sampler.set_epoch(epoch)
@@ -118,6 +127,7 @@ class StepLoop:
             with metrics.Stopwatch(self.ctx) as watch:
                 result = self.engine.train_step(inputs, targets)
             self.step_times_s.append(watch.elapsed_s)
+            self._note_split(result, inputs)
             self._pending.append((self.step, epoch, result, watch.elapsed_s))
             self.step += 1
             self._batch = i + 1
@@ -146,8 +156,36 @@ class StepLoop:
         for step, epoch, r, step_time_s in self._pending:
             loss = r.loss.item() if r.loss is not None and r.samples else None
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=None, loss=loss,
-                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r))
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r),
+                         **_split(r))
         self._pending = []
+
+    def _note_split(self, result, inputs) -> None:
+        """Keep the step's compute/collective split; tell the speed balancer, which may time this
+        rank and set the batch shares from the next step on (suite.train.balance)."""
+        if result.compute_s is not None:
+            self.compute_s.append(result.compute_s)
+            self.collective_s.append(result.collective_s)
+        if self.balancer is not None:
+            decided = self.balancer.after_step(self.engine, inputs)
+            if decided:
+                self.log.log("balance", attempt=self.attempt, step=self.step, **decided)
+                if self.ctx.is_main:
+                    print(f"balance: batch shares {decided['shares']} from step {self.step + 1} on "
+                          f"(forward samples/s per rank: "
+                          f"{', '.join(f'{v:.0f}' for v in decided['samples_per_s'])})", flush=True)
+
+    def time_split(self) -> dict:
+        """This rank's summary fields: mean compute and collective time per step (means, not
+        medians: a CPU capped by a CFS quota stalls in a few steps of each period, which a median
+        leaves out), and its share of the global batch where training.balance gave unequal ones."""
+        shares = getattr(self._sampler, "shares", None)
+        return {"compute_s": _mean(self.compute_s), "collective_s": _mean(self.collective_s),
+                "batch_share": shares[self.engine.dp_rank] if shares else None}
+
+    def balance_record(self) -> dict | None:
+        """training.balance=speed: what was measured and the shares decided (None otherwise)."""
+        return self.balancer.record if self.balancer is not None else None
 
     def _lr(self, step: int) -> float | None:
         return self.lr_at(step) if self.lr_at else None
@@ -185,7 +223,8 @@ class StepLoop:
             self.samples += self.tr.batch_size
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=global_loss,
                          loss=(mine[0] / mine[1]) if mine[1] else None,
-                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r))
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r),
+                         **_split(r))
         self._pending = []
         if self.ctx.is_main:
             rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
@@ -222,6 +261,17 @@ class StepLoop:
             out["val_accuracy"] = correct / count
         out.update(self.task.eval_results(sums.tolist()))
         return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _split(result) -> dict:
+    """The step's compute and collective seconds on this rank, where the engine splits them."""
+    if result.compute_s is None:
+        return {}
+    return {"compute_s": result.compute_s, "collective_s": result.collective_s}
 
 
 def _grad_norm(result) -> dict:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite import recipe as recipes, strategies
+from suite.common import cpu_cap
 from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
@@ -24,7 +25,7 @@ from suite.record.allocated import AllocatedPeak
 from suite.train.tracking import RankLog
 from suite.strategies import prepare
 from suite.strategies.engine import Setup
-from suite.train import checkpoint, dist as sdist, stop
+from suite.train import balance, checkpoint, dist as sdist, stop
 from suite.train.loop import StepLoop
 
 
@@ -52,6 +53,7 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
         if run_dir is not None:
             _record_error(Path(run_dir), int(os.environ.get("RANK", 0)), e)
         raise
+    cap = None
     try:
         if ctx.world_size != recipe.world_size:
             raise SuiteError(f"the recipe asks for world size {recipe.world_size} (launch.nodes x "
@@ -60,6 +62,7 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
         if sdist.chosen_network is not None:  # which interface and address this rank talks on
             run_record.record_rank_network(run_dir, ctx.rank, sdist.chosen_network)
         try:
+            cap = _cap_cpu(launch, ctx)  # launch.rank_cpu: this rank slowed on purpose (a refusal is recorded)
             _train(recipe, ctx, run_dir, watcher_pid, predict)
         except stop.Stopped:
             raise  # not the end: a requeued or resumed attempt goes on (and exports then)
@@ -69,8 +72,20 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
             raise
         _export_wandb(recipe, ctx, run_dir)
     finally:
+        if cap is not None:
+            cap.release()
         sdist.close()
     return run_dir
+
+
+def _cap_cpu(launch, ctx):
+    """launch.rank_cpu: this rank's CPU capped at its share of the threads it was given
+    (suite.common.cpu_cap), or None where it runs uncapped."""
+    share = launch.rank_cpu[ctx.rank] if ctx.rank < len(launch.rank_cpu) else "100%"
+    value = cpu_cap.percent(share, f"launch.rank_cpu.{ctx.rank}")
+    if value >= 100:
+        return None
+    return cpu_cap.cap_this_process(value, torch.get_num_threads(), f"rank{ctx.rank}", f"launch.rank_cpu.{ctx.rank}")
 
 
 def _export_wandb(recipe, ctx, run_dir: Path) -> None:
@@ -111,6 +126,7 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
                  task=Task(recipe.model.task, spec.num_classes), layout=recipe.layout(),
                  activation_checkpointing=tr.activation_checkpointing, compile=tr.compile,
                  sync_batchnorm=tr.sync_batchnorm, grad_clip_norm=tr.grad_clip_norm, seed=tr.seed,
+                 uneven_batches=tr.balance != "equal",
                  run_dir=str(run_dir) if run_dir else None, model_name=recipe.model.name)
 
 
@@ -164,9 +180,9 @@ def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, 
     log = RankLog.open(recipe, ctx, run_dir)  # run record + W&B + utilisation thread
 
     per_rank_batch = setup.layout.rank_batch
-    sampler = DistributedSampler(train_set, num_replicas=engine.dp_size, rank=engine.dp_rank,
-                                 shuffle=True, seed=tr.seed, drop_last=True)
-    loader = recipe.data.train_loader(train_set, sampler, per_rank_batch, tr.seed)  # augmented where asked
+    sampler, balancer = _sampler(recipe, engine, train_set, ctx)
+    batch = None if isinstance(sampler, balance.SharedBatches) else per_rank_batch  # it yields whole batches
+    loader = recipe.data.train_loader(train_set, sampler, batch, tr.seed)  # augmented where asked
     if len(loader) == 0:
         raise SuiteError(f"training.batch_size={tr.batch_size} is larger than the training set "
                          f"({len(train_set)} samples); lower it")
@@ -180,7 +196,7 @@ def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, 
         total_steps = min(total_steps, tr.max_steps)
 
     lr_at = recipe.optimizer.schedule.rate(recipe.optimizer.lr, len(loader), total_steps)
-    loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task, lr_at, allocated)
+    loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task, lr_at, allocated, balancer)
     loop.resume()
     stop.install_handlers(watcher_pid)
     printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
@@ -198,6 +214,18 @@ def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, 
     finally:
         log.close()  # also on failure: the utilisation thread stops, the file closes
         engine.close()
+
+
+def _sampler(recipe, engine, train_set, ctx):
+    """This rank's sampler, and the speed balancer where training.balance=speed (else None): the
+    equal split's DistributedSampler, or suite.train.balance's batches with unequal shares."""
+    tr = recipe.training
+    if tr.balance == "equal":
+        return DistributedSampler(train_set, num_replicas=engine.dp_size, rank=engine.dp_rank,
+                                  shuffle=True, seed=tr.seed, drop_last=True), None
+    shares = tr.balance_shares if tr.balance == "shares" else balance.equal_shares(tr.batch_size, engine.dp_size)
+    batches = balance.SharedBatches(len(train_set), engine.dp_size, engine.dp_rank, tr.batch_size, tr.seed, shares)
+    return batches, balance.SpeedBalancer(batches, tr.grad_accumulation, ctx.device) if tr.balance == "speed" else None
 
 
 def _memory_start(recipe, ctx) -> int:
@@ -237,7 +265,10 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
             "peak_memory_above_start_bytes": None if memory_start is None else max(peak - memory_start, 0),
             "peak_allocated_bytes": peak_allocated,
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
-            "device": str(ctx.device), "strategy_metrics": engine.extra_metrics()}
+            "device": str(ctx.device), "strategy_metrics": engine.extra_metrics(),
+            "cpu_quota": cpu_cap.quota_of_process()}  # CPUs it may use at most: launch.rank_cpu, a capped node
+    own_loop = not isinstance(loop, StepLoop)  # a strategy's own loop (TensorFlow's) measures neither
+    mine.update({} if own_loop else loop.time_split())  # compute vs collective time per step, batch share
     mine.update(loop.log.rank_fields(ctx, loop))  # utilisation, throughput, device
     ranks = [None] * ctx.world_size
     if ctx.world_size > 1:
@@ -275,6 +306,8 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
         "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "val_miou", "val_perplexity")
                   if last.get(k) is not None},
         "ranks": ranks,
+        "straggler": metrics.straggler(ranks),  # the rank the others wait for, where one stands out
+        "balance": None if own_loop else loop.balance_record(),  # training.balance=speed: measured, decided
         "started_at": loop.attempts[0]["started_at"],
         "finished_at": time.time(),
         "attempts": loop.attempts,

@@ -16,7 +16,7 @@ def run_cli(capsys, *args):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["training.epoch=3"], "unknown recipe key training.epoch; accepted here: activation_checkpointing, batch_size, checkpoint_every_steps, compile, epochs"),
+    (["training.epoch=3"], "unknown recipe key training.epoch; accepted here: activation_checkpointing, balance, balance_shares, batch_size, checkpoint_every_steps, compile, epochs"),
     (["training.epochs=many"], "training.epochs='many'"),
     (["strategy.name=warp"], "strategy.name='warp' is not a known strategy; choose one of: single, ddp, allreduce"),
     (["strategy.name=single"], "strategy single runs on exactly 1 rank, but launch gives world size 2"),

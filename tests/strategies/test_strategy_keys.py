@@ -35,6 +35,8 @@ KEYS = {
     "optimizer.weight_decay": {"optimizer": {"weight_decay": 0.01}},  # SGD with momentum 0.9
     "optimizer.weight_decay=adam": {"optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.01}},
     "data.augment": {"data": {"augment": {"hflip": True}}},
+    "training.balance=speed": {"training": {"balance": "speed"}},
+    "training.balance_shares": {"training": {"balance": "shares", "balance_shares": [24, 8]}},
 }
 # training.precision=fp64 and training.init_perturbation (suite.verify's float64 certificates and
 # noise floor) are walked where the schema has them.
@@ -108,6 +110,8 @@ EFFECTS = {
 ASYNC_KEYS = (*EFFECTS, "training.checkpoint_every_steps")
 REFUSED = "refused"
 TF_CLIP = "tests/strategies/test_tensorflow.py::test_grad_clip_norm_binds_and_the_mirrored_loop_clips_the_summed_gradient_as_tf_single"
+BALANCE_SPEED = "tests/strategies/test_balance.py::test_speed_balance_measures_then_splits_and_matches_single"
+BALANCE_SHARES = "tests/strategies/test_balance.py::test_unequal_shares_match_single_process"
 TF_HONOURS = {"training.sync_batchnorm": "n/a: TensorFlow trains model.name=mlp only, which has no batch norm"}
 
 
@@ -123,13 +127,15 @@ def decisions() -> dict[str, dict[str, str]]:
                 keys["training.grad_clip_norm"] = TF_CLIP
             out[name] = keys
             continue
-        keys = dict(TORCH)
+        keys = dict(TORCH, **{"training.balance=speed": REFUSED, "training.balance_shares": REFUSED})
         if name in ("hogwild", "param_server"):
             keys.update({k: ASYNC for k in EFFECTS}, **{"training.checkpoint_every_steps": ASYNC_RESUME})
         if name in ("pipeline", "ds_pipeline"):  # they accumulate over strategy.micro_batches
             keys["training.grad_accumulation"] = REFUSED
         if name in ("zero", "ds_pipeline"):  # DeepSpeed keeps float32 master weights (Options.no_fp64)
             keys["training.precision=fp64"] = REFUSED
+        if name in ("ddp", "allreduce"):  # unequal batches: a full replica per rank, gradients averaged
+            keys.update({"training.balance=speed": BALANCE_SPEED, "training.balance_shares": BALANCE_SHARES})
         out[name] = {k: v for k, v in keys.items() if k in KEYS}
     return out
 
