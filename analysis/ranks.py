@@ -43,5 +43,5 @@ def stragglers(runs) -> list[str]:
             lines.append(f"{run.run_id} ({run.strategy}): rank {slow['rank']} is the straggler, computing "
                          f"{slow['compute_s']:.3g} s per step against the fastest rank's "
                          f"{slow['fastest_compute_s']:.3g} s" + (f"; its peers spend {waited:.3g} s per step in "
-                                                                  f"collectives" if waited is not None else ""))
+                                                                  f"collectives" if waited is not None else "") + ".")
     return lines

@@ -8,7 +8,6 @@ against ddp's (not judged)."""
 from __future__ import annotations
 
 from common import Section, median, steps
-from suite.record import run_record
 
 TARGET = 1.3  # step-time ratio equal / speed
 SHAPE = ["strategy={name: ddp}", "launch.tasks_per_node=2", "launch.cpus_per_task=1", "launch.rank_cpu=[100%, 50%]",
@@ -57,6 +56,8 @@ def run(bench) -> Section:
 
 def asynchronous(bench, s: Section) -> None:
     """Under the same slow rank, equal split: ddp, hogwild and param_server, time to an accuracy."""
+    from suite.record import run_record  # late: as common.steps, once compare.py has put the repository on the path
+
     epochs = 2 if bench.quick else ASYNC_EPOCHS
     curves = {}
     for name in ASYNC:
