@@ -285,6 +285,7 @@ class DeepSpeedEngine(Engine):
         inner = ds_compat.inner_optimizer(self.ds)
         if self.zero_stage == 0:  # the recipe's torch optimizer over the module's own parameters
             return neutral.module_state(self.ds.module, inner)
+        neutral.make_state(inner, ds_compat.master_weights(self.ds))
         return neutral.deepspeed_state(self.ds, inner)
 
     def load_neutral_state(self, state: dict) -> None:
@@ -292,6 +293,7 @@ class DeepSpeedEngine(Engine):
         if self.zero_stage == 0:
             neutral.load_module_state(self.ds.module, inner, state)
             return
+        neutral.make_state(inner, ds_compat.master_weights(self.ds))
         gathered = quiet_import().zero.GatheredParameters if self.zero_stage == 3 else None
         neutral.load_deepspeed_state(self.ds, inner, state, gathered)
 

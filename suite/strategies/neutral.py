@@ -39,7 +39,8 @@ def load_module_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 def deepspeed_state(engine, inner: torch.optim.Optimizer) -> dict:
     """The neutral state of a DeepSpeed ZeRO engine (stages 1-3); ``inner`` is the torch optimizer
-    it steps. Collective at stage 3 (each parameter's partitions are all-gathered)."""
+    it steps, its state made (``make_state``). Collective at stage 3 (each parameter's partitions
+    are all-gathered)."""
     from deepspeed import utils  # optional: DeepSpeed is loaded only where a ZeRO engine runs
 
     keys, step = _moment_keys(inner)
@@ -93,6 +94,32 @@ def _moment_keys(inner: torch.optim.Optimizer) -> tuple[list[str], torch.Tensor 
             elif torch.is_tensor(value) and value.dim() > 0:
                 keys.add(key)
     return sorted(keys), step
+
+
+@torch.no_grad()
+def make_state(inner: torch.optim.Optimizer, masters: list) -> None:
+    """ZeRO's torch optimizer has no state before its first step, so neither its keys (the template
+    a checkpoint is read into) nor anything to load into: made as DCP makes a fresh torch
+    optimizer's, by one step with zero gradients at lr 0 over each of this rank's fp32 master
+    partitions (``masters``; the partitions do not move). ZeRO-3 hands its torch optimizer one
+    partition at a time (its param groups are empty between steps): so here."""
+    if inner.state:
+        return
+    lrs = [group["lr"] for group in inner.param_groups]
+    lent = not any(group["params"] for group in inner.param_groups)  # ZeRO-3
+    for group in inner.param_groups:
+        group["lr"] = 0.0
+    for flat in masters:
+        if lent:
+            for group in inner.param_groups:
+                group["params"] = [flat]
+        flat.grad = torch.zeros_like(flat)
+        inner.step()
+        flat.grad = None
+    for group, lr in zip(inner.param_groups, lrs):
+        group["lr"] = lr
+        if lent:
+            group["params"] = []
 
 
 def _buffers(module: torch.nn.Module) -> dict:
