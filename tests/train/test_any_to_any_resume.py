@@ -6,8 +6,10 @@ parity tests), in float64 where the strategies can run it; ZeRO cannot (float32 
 so its pair runs in float32 at the float32 tolerance (tests/parity.py). Adam, so that the moments
 and the step count (its bias correction) must carry over too.
 
-And what cannot convert is refused by ``suite.submit --resume`` before anything launches."""
+``suite.submit --resume RUN strategy.name=fsdp launch.tasks_per_node=1`` does the same end to end, and
+what cannot convert is refused by it before anything launches."""
 import json
+import os
 import subprocess
 import sys
 
@@ -108,3 +110,24 @@ def test_a_pair_that_cannot_convert_is_refused_before_launch(strategy, world, ov
     assert line.startswith("error: --resume") and says in line, line
     assert (run_dir / "recipe.yaml").read_text() == recipe_before  # nothing changed, nothing launched
     assert not (run_dir / "ranks").exists()
+
+
+def test_submit_resume_continues_a_run_under_another_strategy_and_world(tmp_path, baseline_of):
+    recipe = make_recipe({"name": "ddp"}, 2, **SECTIONS)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(recipes.dump(recipe))
+    out = tmp_path / "runs"
+    failed = subprocess.run([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "SCALESUITE_FAIL_AT": "0:6"})
+    assert failed.returncode == 1, failed.stderr
+    (run_dir,) = [p for p in out.iterdir() if (p / "recipe.yaml").is_file()]
+    done = _submit("--resume", str(run_dir), "strategy.name=fsdp", "launch.tasks_per_node=1")
+    assert done.returncode == 0, done.stderr
+    assert "resuming as strategy fsdp at world size 1 (was ddp at 2)" in done.stdout
+    assert recipes.load(run_dir / "recipe.yaml")[0].strategy.name == "fsdp"  # later resumes and exports read it
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["strategy"], summary["world_size"]) == ("completed", "fsdp", 1)
+    assert [(x["strategy"], x["world_size"], x["from_step"]) for x in summary["attempts"]] == [
+        ("ddp", 2, 0), ("fsdp", 1, 4)]
+    single = baseline_of(make_recipe({"name": "single"}, **SECTIONS))
+    assert_matches(steps_by_number(run_dir), single.losses)
