@@ -126,6 +126,16 @@ def inner_optimizer(engine):
     return require_attr(engine.optimizer, "optimizer", lib=LIB, what="the wrapped torch optimizer")
 
 
+def link_optimizer_state(engine) -> None:
+    """ZeRO-1/2 link each parameter's fragment to its torch optimizer's state (what
+    ``deepspeed.utils.safe_*_full_optimizer_state`` read and write) only in their first step;
+    state made before it (``suite.strategies.neutral.make_state``) is linked here. ZeRO-3 needs
+    nothing. Checked on 0.19.8."""
+    if zero_stage(engine) in (1, 2):
+        require_attr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", lib=LIB,
+                     what="links the parameters' fragments to the optimizer state")()
+
+
 def master_weights(engine) -> list:
     """The fp32 master weights this rank keeps besides the module (its partition from ZeRO-1 on;
     a full copy for bf16/fp16 without ZeRO); none for plain fp32 stage 0. Checked on 0.19.8."""

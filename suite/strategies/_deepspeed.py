@@ -286,6 +286,7 @@ class DeepSpeedEngine(Engine):
         if self.zero_stage == 0:  # the recipe's torch optimizer over the module's own parameters
             return neutral.module_state(self.ds.module, inner)
         neutral.make_state(inner, ds_compat.master_weights(self.ds))
+        ds_compat.link_optimizer_state(self.ds)
         return neutral.deepspeed_state(self.ds, inner)
 
     def load_neutral_state(self, state: dict) -> None:
@@ -294,6 +295,7 @@ class DeepSpeedEngine(Engine):
             neutral.load_module_state(self.ds.module, inner, state)
             return
         neutral.make_state(inner, ds_compat.master_weights(self.ds))
+        ds_compat.link_optimizer_state(self.ds)
         gathered = quiet_import().zero.GatheredParameters if self.zero_stage == 3 else None
         neutral.load_deepspeed_state(self.ds, inner, state, gathered)
 

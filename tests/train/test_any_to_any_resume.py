@@ -28,8 +28,10 @@ SECTIONS = {"optimizer": {"name": "adam", "lr": 0.01},
                          "checkpoint_every_steps": 4}}
 
 CASES = {  # id: (strategy A, world A, strategy B, world B)
-    "zero3@4->fsdp@2": ({"name": "zero", "stage": 3}, 4, {"name": "fsdp"}, 2),
+    "zero3@4->fsdp@2": ({"name": "zero", "stage": 3}, 4, {"name": "fsdp"}, 2),  # out of ZeRO-3's partitions
     "fsdp@2->zero3@2": ({"name": "fsdp"}, 2, {"name": "zero", "stage": 3}, 2),  # into ZeRO-3's partitions
+    "single->zero2@2": ({"name": "single"}, 1, {"name": "zero", "stage": 2}, 2),
+    "zero1@2->single": ({"name": "zero", "stage": 1}, 2, {"name": "single"}, 1),
     "fsdp@2->ddp@4": ({"name": "fsdp"}, 2, {"name": "ddp"}, 4),
     "ddp@2->single": ({"name": "ddp"}, 2, {"name": "single"}, 1),
     "tensor@2->single": ({"name": "tensor"}, 2, {"name": "single"}, 1),
@@ -99,7 +101,7 @@ def _stopped_run(tmp_path, strategy: dict, world: int, precision=None):
     ({"name": "hogwild"}, 2, ["strategy.name=ddp"], "per-rank format"),
     ({"name": "ddp"}, 2, ["strategy.name=hogwild"], "strategy hogwild its engine's state is not mapped"),
     ({"name": "ddp"}, 2, ["training.seed=3"], "keeps its training section"),
-    ({"name": "ddp"}, 2, ["strategy.name=zero", "strategy.stage=2"], "strategy.stage=2 is not mapped"),
+    ({"name": "ddp"}, 2, ["strategy.name=zero", "strategy.stage=0"], "strategy.stage=0 is not mapped"),
 ])
 def test_a_pair_that_cannot_convert_is_refused_before_launch(strategy, world, overrides, says, tmp_path):
     run_dir = _stopped_run(tmp_path, strategy, world, "fp32")  # fp32: ZeRO would refuse fp64 first
