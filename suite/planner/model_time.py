@@ -12,8 +12,10 @@ model (tensor ranks, pipeline stages: the profile's ``flops``) is timed at the s
 whose step counts no FLOPs (embedding-bag only) has no rate; the peak is used and the
 prediction says so.
 
-Cached per host in the calibration folder (``model-times.json``), keyed by the model section, the
-batch, the precision and the threads: a sweep or the advisor times each model and batch once.
+Timed in a fresh interpreter (``time_in_fresh_process``: the predicting process may be a rank
+whose thread pools make a new engine hang) and cached per host in the calibration folder
+(``model-times.json``), keyed by the model section, the batch, the precision and the threads: a
+sweep or the advisor times each model and batch once.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 from suite.planner.calibration import cache_dir
@@ -115,7 +119,7 @@ def timed(recipe, threads: int, use_cache: bool = True) -> dict:
         cached = {}
     if use_cache and key in cached:
         return {**cached[key], "cached": True}
-    result = time_step(recipe, threads)
+    result = time_in_fresh_process(recipe, threads)
     cached[key] = {**result, "model": recipe.model.name, "timed_at": time.time()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,6 +127,43 @@ def timed(recipe, threads: int, use_cache: bool = True) -> dict:
     except OSError:  # a read-only cache costs a re-timing next time, never the prediction
         pass
     return {**result, "cached": False}
+
+
+TIMEOUT_S = 300
+
+
+def time_in_fresh_process(recipe, threads: int) -> dict:
+    """``time_step`` in a new interpreter: the process predicting may be a rank that trained, or
+    one forked from a process whose thread pools were already running, where a new engine's first
+    parallel region can wait forever (seen: rank 0's prediction after training, in ranks forked
+    by the tests' harness); a fresh process has no such state, costs an import of torch once per
+    model and batch (the cache keeps the result), and is killed after ``TIMEOUT_S``."""
+    # start-up: loads pydantic, yaml, suite.recipe only when this runs
+    from suite import recipe as recipes
+
+    request = json.dumps({"recipe": recipes.dump(recipe), "threads": threads})
+    code = "from suite.planner import model_time; model_time.child()"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], input=request, capture_output=True, text=True,
+                              timeout=TIMEOUT_S, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"timing the model took over {TIMEOUT_S} s") from None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        raise RuntimeError(f"timing the model failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(lines[-1])
+
+
+def child() -> None:
+    """The fresh process's side of ``time_in_fresh_process``: the request on stdin, the result
+    as the last line of stdout."""
+    # start-up: loads pydantic, yaml, suite.recipe only when this runs
+    from suite import recipe as recipes
+    import yaml  # start-up: loads yaml only when this runs
+
+    request = json.loads(sys.stdin.read())
+    recipe = recipes.validate(yaml.safe_load(request["recipe"]))
+    print(json.dumps(time_step(recipe, request["threads"])), flush=True)
 
 
 def rank_threads(calibration: dict, ranks_per_node: int) -> int:
