@@ -134,3 +134,29 @@ def test_under_nccl_a_small_all_reduce_at_1024_ranks_takes_a_trees_latency_not_a
     # Two ranks: the ring is no worse, and is what is taken.
     assert alpha_beta.call_time_s("all_reduce", 2, 4e8, 20e-6, 50e9, trees=True) == \
         alpha_beta.call_time_s("all_reduce", 2, 4e8, 20e-6, 50e9)
+
+
+def test_a_run_with_a_calibration_records_the_prediction_its_rank_0_timed(tmp_path, monkeypatch):
+    """Rank 0 predicts after training, timing the model in a fresh process, and the run records it.
+    (A timing in the rank itself hung in ranks the harness forked after tests/recipe's dry runs had
+    run in the same session; this test does not reproduce that hang, only the path that replaced it.)"""
+    import socket
+
+    from suite.record.run_record import read_json
+    from suite.tasks import train as rank_task
+    from tests.harness import run_ranks
+    from tests.parity import make_recipe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cal = {"key": "k", "backend": "gloo", "hosts": [socket.gethostname()],
+           "collectives": {"all_reduce": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}},
+           "compute": {"cores": 2, "peak_flops_per_s_by_threads": {"1": 1e10, "2": 2e10}}}
+    folder = tmp_path / "cache" / "scalesuite" / "calibration"
+    folder.mkdir(parents=True)
+    (folder / f"{socket.gethostname()}-gloo-1threads.json").write_text(json.dumps(cal))
+    recipe = make_recipe({"name": "ddp"}, world_size=2)
+    (tmp_path / "run").mkdir()
+    run_ranks(rank_task.train, 2, recipe, tmp_path / "run", timeout_s=120)
+    predicted = read_json(tmp_path / "run" / "summary.json")["predicted"]
+    assert predicted.get("step_time_s", 0) > 0, predicted
+    assert "when predicted" in predicted["rate"]
