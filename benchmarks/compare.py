@@ -6,7 +6,7 @@ Sections (``--only``): overhead (suite vs a hand-written loop, and equal losses)
 tracking vs W&B disabled), pipeline (GPipe/1F1B bubble vs the formula), scaling (world 1 vs 2),
 memory (held bytes vs the dry run's prediction), startup (first step after the command, sweep cost
 per point), plan (the prediction each run records vs what it measured: held bytes, peak memory,
-step time), checkpoint (time per step with a save every 20 steps vs none). Targets are in ``benchmarks/README.md``; a missed one makes the exit code 1. ``--out``
+step time), checkpoint (time per step with a save every 20 steps vs none), predict (step time on every model family, the calibration taken without a recipe). Targets are in ``benchmarks/README.md``; a missed one makes the exit code 1. ``--out``
 receives results.md (with the machine it ran on), every run record and the analysis report.
 """
 from __future__ import annotations

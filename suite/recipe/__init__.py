@@ -256,6 +256,22 @@ def check(recipe: Recipe) -> None:
         raise SuiteError("training.precision=fp16 needs a GPU; use bf16 on CPU")
 
 
+def check_elastic(recipe: Recipe) -> None:
+    """launch.elastic: restarts that may continue on fewer Slurm nodes, from a checkpoint any
+    world size can load."""
+    launch = recipe.launch
+    if launch.executor != "slurm":
+        raise SuiteError(f"launch.elastic=true continues a run on fewer Slurm nodes when one is lost, but "
+                         f"launch.executor={launch.executor}; use launch.executor=slurm, or drop launch.elastic")
+    if launch.max_restarts < 1:
+        raise SuiteError("launch.elastic=true acts when a run restarts, but launch.max_restarts=0; "
+                         "set launch.max_restarts to 1 or more")
+    if recipe.strategy.no_neutral_checkpoint:
+        raise SuiteError(f"launch.elastic=true resumes at a smaller world size, but strategy {recipe.strategy.name}'s "
+                         f"checkpoints resume only at their own ({recipe.strategy.no_neutral_checkpoint}); "
+                         f"use ddp, fsdp, tensor, pipeline or zero stage 3, or drop launch.elastic")
+
+
 def check_balance(recipe: Recipe) -> None:
     """training.balance other than equal: a strategy whose ranks each train their part of the
     batch through the shared step and average gradients over the ranks (its ``uneven_batches``),
@@ -332,19 +348,3 @@ def _allowed_keys(loc: list[str], raw: dict) -> list[str]:
 def dump(recipe: Recipe) -> str:
     skip = {"sweep"} | ({"arm"} if recipe.arm is None else set())  # a run outside a study says nothing of arms
     return yaml.safe_dump(recipe.model_dump(mode="json", exclude=skip), sort_keys=False)
-
-
-def check_elastic(recipe: Recipe) -> None:
-    """launch.elastic: restarts that may continue on fewer Slurm nodes, from a checkpoint any
-    world size can load."""
-    launch = recipe.launch
-    if launch.executor != "slurm":
-        raise SuiteError(f"launch.elastic=true continues a run on fewer Slurm nodes when one is lost, but "
-                         f"launch.executor={launch.executor}; use launch.executor=slurm, or drop launch.elastic")
-    if launch.max_restarts < 1:
-        raise SuiteError("launch.elastic=true acts when a run restarts, but launch.max_restarts=0; "
-                         "set launch.max_restarts to 1 or more")
-    if recipe.strategy.no_neutral_checkpoint:
-        raise SuiteError(f"launch.elastic=true resumes at a smaller world size, but strategy {recipe.strategy.name}'s "
-                         f"checkpoints resume only at their own ({recipe.strategy.no_neutral_checkpoint}); "
-                         f"use ddp, fsdp, tensor, pipeline or zero stage 3, or drop launch.elastic")

@@ -57,14 +57,14 @@ class StrategyOptions(BaseModel):
     overlap: ClassVar[Optional[Overlap]] = None
     cannot_fake: ClassVar[Optional[str]] = None
     search_space: ClassVar[Optional[Callable]] = None
+    # The mesh axes each collective kind of its comm_rule runs over, where not the data-parallel
+    # axes (the default): the time model sizes the group (N) and the link it crosses by them.
+    comm_axes: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Why a checkpoint of this strategy cannot be resumed by another strategy or at another world
     # size, or "" where it can: its engine's neutral_state maps its state to the plain model's
     # names (suite.strategies.neutral), tested by tests/train/test_any_to_any_resume.py. A
     # strategy says "" once that test covers it; suite.submit --resume refuses the rest before launch.
     no_neutral_checkpoint: ClassVar[str] = "its engine's state is not mapped to the plain model's parameter names"
-    # The mesh axes each collective kind of its comm_rule runs over, where not the data-parallel
-    # axes (the default): the time model sizes the group (N) and the link it crosses by them.
-    comm_axes: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def mesh_axes(self) -> list[Axis]:
         """The mesh axes and their degrees (None: filled from the world size). Plain data
