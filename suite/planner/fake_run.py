@@ -190,6 +190,23 @@ class Job:
         return self.result
 
 
+def run_all(items, start, jobs: int = 2):
+    """``start(item)`` (a ``Job``) for each item, ``jobs`` at a time; yields (item, job, result) as
+    each ends (``Job.poll``'s result)."""
+    todo, running = list(items), []
+    while todo or running:
+        while todo and len(running) < max(jobs, 1):
+            item = todo.pop(0)
+            running.append((item, start(item)))
+        time.sleep(0.05)
+        for entry in list(running):
+            item, job = entry
+            result = job.poll()
+            if result is not None:
+                running.remove(entry)
+                yield item, job, result
+
+
 def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool = False):
     """``plan_point`` in its own forked process: ("ok", StepProfile) or ("error", one line)."""
     job = Job(recipe, world_size, timeout_s, try_fake)

@@ -223,21 +223,9 @@ def _refine(candidates: list[Candidate], calibration: dict, count: int, progress
     if not best:
         return
     fake_run.warm()
-    todo, running, done = list(best), [], 0
-    while todo or running:
-        while todo and len(running) < 2:
-            c = todo.pop(0)
-            running.append((c, fake_run.Job(c.recipe, c.recipe.world_size, 120, quiet=True)))
-        time.sleep(0.05)
-        for item in list(running):
-            c, job = item
-            result = job.poll()
-            if result is None:
-                continue
-            running.remove(item)
-            done += 1
-            status, payload = result
-            if status == "ok":
-                c.profile = payload
-                _time(c, calibration)
-            progress(f"[{done}/{len(best)}] fake run of {c.name}: {'ok' if status == 'ok' else payload}")
+    start = lambda c: fake_run.Job(c.recipe, c.recipe.world_size, 120, quiet=True)  # noqa: E731
+    for done, (c, _, (status, payload)) in enumerate(fake_run.run_all(best, start), 1):
+        if status == "ok":
+            c.profile = payload
+            _time(c, calibration)
+        progress(f"[{done}/{len(best)}] fake run of {c.name}: {'ok' if status == 'ok' else payload}")

@@ -10,7 +10,6 @@ degree left unset fills the rest of the world (``tensor:tp=4`` at world 64 is dp
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -104,27 +103,15 @@ def plan(raw: dict, specs, worlds, jobs: int = 2, timeout_s: float = 300, try_fa
                 todo.append((point, recipe_at(raw, section, world)))
             except SuiteError as e:
                 point.excluded = str(e)
-    running, done, total = [], 0, len(todo)
-    while todo or running:
-        while todo and len(running) < max(jobs, 1):
-            point, recipe = todo.pop(0)
-            running.append((point, fake_run.Job(recipe, point.world_size, timeout_s, try_fake, quiet)))
-        time.sleep(0.05)
-        for item in list(running):
-            point, job = item
-            result = job.poll()
-            if result is None:
-                continue
-            running.remove(item)
-            done += 1
-            status, payload = result
-            if status == "ok":
-                point.profile = payload
-                what = f"{payload.source}, peak {_bytes(payload.peak_bytes)}"
-            else:
-                point.error = payload
-                what = f"failed: {payload}"
-            progress(f"[{done}/{total}] {point.label} @ {point.world_size}: {what} ({job.elapsed_s:.1f} s)")
+    start = lambda item: fake_run.Job(item[1], item[0].world_size, timeout_s, try_fake, quiet)  # noqa: E731
+    for done, ((point, _), job, (status, payload)) in enumerate(fake_run.run_all(todo, start, jobs), 1):
+        if status == "ok":
+            point.profile = payload
+            what = f"{payload.source}, peak {_bytes(payload.peak_bytes)}"
+        else:
+            point.error = payload
+            what = f"failed: {payload}"
+        progress(f"[{done}/{len(todo)}] {point.label} @ {point.world_size}: {what} ({job.elapsed_s:.1f} s)")
     return points
 
 
