@@ -110,8 +110,11 @@ class Watch:
                 self.printer(f"[{self.job.job_id}] {state}")
             if state.split()[0] == "RUNNING" and not self.local:
                 self._nodes = squeue(self.job.job_id, "%N") or self._nodes  # the nodes it runs on
-            if state.split()[0] == "PENDING" and (self.state or "").split()[:1] == ["RUNNING"]:
-                self._requeued_at = time.time()  # Slurm put it back (a node failed, or preemption)
+                self._requeued_at = None  # (again): Slurm reran it
+            if state.split()[0] == "PENDING" and self._nodes and self._requeued_at is None:
+                # It ran and is back (through COMPLETING or REQUEUED, maybe between two polls):
+                # Slurm requeued it, after a node failed or for preemption.
+                self._requeued_at = time.time()
             self.state = state
 
     def _ran_between_polls(self, state: str) -> bool:
@@ -270,7 +273,10 @@ class Watch:
         if summary.get("status") != "completed":
             why = f"ended as {self.state}" if self.state and self.state != "ENDED" else "ended without completing"
             state = (self.state or "").split()[0] if self.state else ""
-            self.failure = Failure(f"the job {why}{step}", restartable=state in _BROKEN and not self.cancelled_by_us)
+            # NODE_FAIL: the nodes it ran on, as squeue said while it ran (the restart keeps those Slurm
+            # now reports down out; sacct's record of them may lag behind)
+            self.failure = Failure(f"the job {why}{step}", restartable=state in _BROKEN and not self.cancelled_by_us,
+                                   node=(self._nodes or None) if state == "NODE_FAIL" else None)
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}; rank 0's log: "

@@ -153,12 +153,14 @@ class Restarts:
 def _failed_nodes(failure, job_id: str) -> list[str]:
     """The nodes to leave out: the failing rank's, or those of the job's nodes (a requeued job's
     list, or the job's as sacct knows it) that Slurm now reports unusable."""
-    if failure.node and not failure.waited_s:
+    if failure.node and not any(c in failure.node for c in "[,"):
         return [failure.node]
-    if failure.node:  # a node list ("n[1-2]"): the follower gave up waiting on a requeued job
+    if failure.node:  # the job's node list ("n[1-2]"): a lost node, as squeue saw the job running
         names = (_run("scontrol", "show", "hostnames", failure.node) or "").split()
         states = _node_states() or {}
-        return [n for n in names if n in states and not states[n]]
+        lost = [n for n in names if n in states and not states[n]]
+        if lost:
+            return lost
     return _lost_nodes(job_id)
 
 

@@ -136,7 +136,7 @@ class _RequeuedJob:
     job_id, num_tasks, local = "77", 2, False
 
     def __init__(self):
-        self.states, self.cancelled = ["RUNNING", "PENDING"], False
+        self.states, self.cancelled = ["RUNNING", "REQUEUED", "PENDING"], False  # seen as Slurm reports it
 
     def get_info(self, mode="force"):
         return {"State": self.states[0] if len(self.states) == 1 else self.states.pop(0)}
@@ -156,7 +156,8 @@ def test_a_job_slurm_requeued_after_a_node_failed_is_given_up_after_elastic_wait
     job = _RequeuedJob()
     watch = follow.Watch(job, tmp_path, 1, printer=lambda *a, **k: None, state_every_s=0, requeue_wait_s=0.2)
     assert not watch.poll()  # running
-    assert not watch.poll()  # pending again: requeued, waiting
+    assert not watch.poll()  # requeued
+    assert not watch.poll()  # pending again: waiting for the node
     time.sleep(0.3)
     assert watch.poll() and job.cancelled  # given up after elastic_wait_s
     with pytest.raises(RunFailed, match="Slurm requeued the job after its node.s. n\\[1-2\\] failed"):
