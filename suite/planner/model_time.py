@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -52,17 +53,17 @@ def one_rank_recipe(recipe):
     return recipes.validate(raw)
 
 
-def cache_key(recipe, threads: int) -> str:
+def cache_key(recipe, threads: int, together: int = 1) -> str:
     single = one_rank_recipe(recipe)
     text = json.dumps({"model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
                        "optimizer": single.optimizer.model_dump(mode="json"),
                        "batch": single.training.batch_size, "precision": single.training.precision,
                        "checkpointing": single.training.activation_checkpointing,
-                       "device": single.launch.device, "threads": threads}, sort_keys=True)
+                       "device": single.launch.device, "threads": threads, "together": together}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def time_step(recipe, threads: int) -> dict:
+def time_step(recipe, threads: int, ready=None) -> dict:
     """Time a few training steps of ``recipe``'s model as one rank computes them (module doc):
     {"step_s", "flops", "flops_per_s" (None without FLOPs), "batch", "threads", "steps"}."""
     import torch  # start-up: loads torch, numpy only when this runs
@@ -95,6 +96,8 @@ def time_step(recipe, threads: int) -> dict:
             inputs, targets = inputs.to(device), targets.to(device)
             for _ in range(WARMUP_STEPS):
                 engine.train_step(inputs, targets)
+            if ready:  # the ranks stepping at once start their timed steps together
+                ready()
             times, start = [], time.perf_counter()
             while len(times) < MIN_STEPS or time.perf_counter() - start < MIN_WINDOW_S:
                 t0 = time.perf_counter()
@@ -109,17 +112,19 @@ def time_step(recipe, threads: int) -> dict:
             "batch": single.training.batch_size, "threads": threads, "steps": len(times)}
 
 
-def timed(recipe, threads: int, use_cache: bool = True) -> dict:
-    """``time_step``, from this host's cache where it timed the same model and batch before."""
+def timed(recipe, threads: int, together: int = 1, use_cache: bool = True) -> dict:
+    """``time_step`` with ``together`` copies stepping at once (as many as the node's ranks that
+    have a core: they share its memory bandwidth and caches), from this host's cache where it
+    timed the same model and batch before."""
     path = cache_dir() / CACHE_FILE
-    key = cache_key(recipe, threads)
+    key = cache_key(recipe, threads, together)
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
     if use_cache and key in cached:
         return {**cached[key], "cached": True}
-    result = time_in_fresh_process(recipe, threads)
+    result = time_in_fresh_process(recipe, threads, together)
     cached[key] = {**result, "model": recipe.model.name, "timed_at": time.time()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +137,7 @@ def timed(recipe, threads: int, use_cache: bool = True) -> dict:
 TIMEOUT_S = 300
 
 
-def time_in_fresh_process(recipe, threads: int) -> dict:
+def time_in_fresh_process(recipe, threads: int, together: int = 1) -> dict:
     """``time_step`` in a new interpreter: the process predicting may be a rank that trained, or
     one forked from a process whose thread pools were already running, where a new engine's first
     parallel region can wait forever (seen: rank 0's prediction after training, in ranks forked
@@ -141,7 +146,7 @@ def time_in_fresh_process(recipe, threads: int) -> dict:
     # start-up: loads pydantic, yaml, suite.recipe only when this runs
     from suite import recipe as recipes
 
-    request = json.dumps({"recipe": recipes.dump(recipe), "threads": threads})
+    request = json.dumps({"recipe": recipes.dump(recipe), "threads": threads, "together": together})
     code = "from suite.planner import model_time; model_time.child()"
     try:
         proc = subprocess.run([sys.executable, "-c", code], input=request, capture_output=True, text=True,
@@ -163,7 +168,28 @@ def child() -> None:
 
     request = json.loads(sys.stdin.read())
     recipe = recipes.validate(yaml.safe_load(request["recipe"]))
-    print(json.dumps(time_step(recipe, request["threads"])), flush=True)
+    together = request.get("together", 1)
+    if together <= 1:
+        print(json.dumps(time_step(recipe, request["threads"])), flush=True)
+        return
+    # Forked before any compute in this fresh process (nothing to inherit but the imports).
+    context = multiprocessing.get_context("fork")
+    queue, barrier = context.SimpleQueue(), context.Barrier(together)
+    procs = [context.Process(target=_copy_steps, args=(recipe, request["threads"], barrier, queue))
+             for _ in range(together)]
+    for proc in procs:
+        proc.start()
+    results = [queue.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    step_s = statistics.fmean(r["step_s"] for r in results)
+    first = results[0]
+    print(json.dumps({**first, "step_s": step_s, "flops_per_s": first["flops"] / step_s if first["flops"] else None,
+                      "together": together}), flush=True)
+
+
+def _copy_steps(recipe, threads, barrier, queue) -> None:
+    queue.put(time_step(recipe, threads, ready=barrier.wait))
 
 
 def rank_threads(calibration: dict, ranks_per_node: int) -> int:
@@ -179,12 +205,14 @@ def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: i
     if calibration.get("from_specs"):
         return calibration
     threads = rank_threads(calibration, ranks_per_node)
-    result = timed(recipe, threads)
+    cores = calibration["compute"].get("cores") or len(os.sched_getaffinity(0))
+    together = max(1, min(ranks_per_node, cores // threads, 8))  # the ranks that have a core; more share it (timing)
+    result = timed(recipe, threads, together)
     if not result.get("flops_per_s"):
         return calibration
     compute = dict(calibration["compute"])
     models = dict(compute.get("models") or {})
     models[model_key] = {"flops_per_s": result["flops_per_s"], "threads": threads, "step_s": result["step_s"],
-                         "rank_batch": result["batch"], "timed": "when predicted"}
+                         "rank_batch": result["batch"], "timed": "when predicted", "together": together}
     compute["models"] = models
     return {**calibration, "compute": compute}

@@ -117,7 +117,8 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
                                           f"stepping at once, {together['threads']} thread(s) each")
     if m and m.get("timed") and m["threads"] == threads:  # suite.planner.model_time, at this rank's threads
         return m["flops_per_s"] * share, (f"the model's step timed at rank batch {m['rank_batch']} on {threads} "
-                                          f"thread(s) when predicted" + (f" x core share {share:.2f}" if share < 1 else ""))
+                                          f"thread(s) when predicted, {m.get('together', 1)} stepping at once"
+                                          + (f" x core share {share:.2f}" if share < 1 else ""))
     if m:
         efficiency = m["flops_per_s"] / (by_threads.get(m["threads"]) or peak)
         return peak * share * efficiency, (f"peak at {threads} thread(s) x model efficiency {efficiency:.2f}"

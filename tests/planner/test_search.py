@@ -78,14 +78,14 @@ def test_the_prediction_times_the_models_own_step(tmp_path, monkeypatch):
     cal = {"key": "k", "backend": "gloo", "collectives": {"all_reduce": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}},
            "compute": {"cores": 2, "peak_flops_per_s_by_threads": {"1": 1e15, "2": 2e15}}}  # an absurd peak, unused
     got = prediction(recipe, cal)
-    assert "timed at rank batch 32 on 1 thread(s) when predicted" in got["rate"], got
+    assert "timed at rank batch 32 on 1 thread(s) when predicted, 2 stepping at once" in got["rate"], got
     cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_time.CACHE_FILE).read_text())
     (entry,) = cached.values()
-    assert entry["batch"] == 32 and entry["threads"] == 1
+    assert entry["batch"] == 32 and entry["threads"] == 1 and entry["together"] == 2  # both ranks' cores busy
     # The compute is the timed step (this rank computes the whole model at the timed batch), not the peak's share.
     assert got["compute_s"] == pytest.approx(entry["step_s"], rel=1e-6)
     # Timed once: a second prediction of the same model and batch reads the cache.
-    assert model_time.timed(recipe, 1)["cached"] is True
+    assert model_time.timed(recipe, 1, 2)["cached"] is True
 
 
 def test_the_search_checkpoints_then_accumulates_to_fit_and_says_why_it_gives_up():
