@@ -270,11 +270,13 @@ def test_calibrate_through_slurm_times_the_job_on_two_nodes(tmp_path, monkeypatc
 
 
 def test_a_calibration_slurm_refuses_is_one_line_and_exit_2(tmp_path):
-    """sbatch failing (here: no readable slurm.conf, as with the controller down) ends the
-    calibration with the scheduler's words in one line, not submitit's traceback."""
-    env = {**os.environ, "SLURM_CONF": str(tmp_path / "missing.conf"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    """sbatch failing ends the calibration with the scheduler's words in one line, not submitit's
+    traceback. Here: a partition the cluster lacks, which sbatch refuses at once (a missing
+    slurm.conf or a controller down takes the same path, after sbatch's own 60 s of retries)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "recipes/quickstart.yaml", "launch.executor=slurm",
-                           "--max-bytes", "8192"], capture_output=True, text=True, env=env, timeout=180)
+                           "launch.partition=no_such_partition", "--max-bytes", "8192"], capture_output=True, text=True,
+                          env=env, timeout=180)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "error: sbatch refused the calibration job" in proc.stderr and "sinfo" in proc.stderr
