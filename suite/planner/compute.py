@@ -3,6 +3,7 @@ the matmul peak at each thread count a rank may get, and the rate a recipe's mod
 a training step with 1..N ranks stepping at once on this node."""
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -106,8 +107,27 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int
 WINDOW_S = 3.0  # how long the ranks stepping at once are timed
 
 
-def _rate_child(recipe, ranks: int, threads: int, step_flops: int, barrier, queue) -> None:
-    queue.put(model_rate(recipe, ranks, threads, step_flops=step_flops, ready=barrier.wait, window_s=WINDOW_S))
+def _rate(recipe, ranks: int, threads: int, step_flops: int, ready):
+    return model_rate(recipe, ranks, threads, step_flops=step_flops, ready=ready, window_s=WINDOW_S)
+
+
+def at_once(run, copies: int) -> list:
+    """``run(ready)`` in ``copies`` forked processes, each calling ``ready()`` just before its timed
+    steps so that they all time together; their results, in the order they ended. Fork before
+    this process has computed anything: a child inherits no running thread pool."""
+    context = multiprocessing.get_context("fork")
+    queue, barrier = context.SimpleQueue(), context.Barrier(copies)
+    procs = [context.Process(target=_put, args=(run, barrier.wait, queue)) for _ in range(copies)]
+    for proc in procs:
+        proc.start()
+    results = [queue.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return results
+
+
+def _put(run, ready, queue) -> None:
+    queue.put(run(ready))
 
 
 def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
@@ -128,17 +148,9 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
     if not step_flops:
         return {}
     out = {}
-    context = multiprocessing.get_context("fork")
     for ranks in ranks_per_node:
         threads = max(1, cores // ranks)
-        queue, barrier = context.SimpleQueue(), context.Barrier(ranks)
-        procs = [context.Process(target=_rate_child, args=(recipe, ranks, threads, step_flops, barrier, queue))
-                 for _ in range(ranks)]
-        for proc in procs:
-            proc.start()
-        rates = [queue.get() for _ in procs]
-        for proc in procs:
-            proc.join()
+        rates = at_once(functools.partial(_rate, recipe, ranks, threads, step_flops), ranks)
         rates = [r for r in rates if r]
         if rates:
             step_s = statistics.fmean(r["step_s"] for r in rates)

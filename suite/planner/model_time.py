@@ -19,15 +19,16 @@ sweep or the advisor times each model and batch once.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import time
 
+from suite.planner import compute
 from suite.planner.calibration import cache_dir
 from suite.record.run_record import write_json_atomic
 
@@ -173,23 +174,15 @@ def child() -> None:
         print(json.dumps(time_step(recipe, request["threads"])), flush=True)
         return
     # Forked before any compute in this fresh process (nothing to inherit but the imports).
-    context = multiprocessing.get_context("fork")
-    queue, barrier = context.SimpleQueue(), context.Barrier(together)
-    procs = [context.Process(target=_copy_steps, args=(recipe, request["threads"], barrier, queue))
-             for _ in range(together)]
-    for proc in procs:
-        proc.start()
-    results = [queue.get() for _ in procs]
-    for proc in procs:
-        proc.join()
+    results = compute.at_once(functools.partial(_copy_steps, recipe, request["threads"]), together)
     step_s = statistics.fmean(r["step_s"] for r in results)
     first = results[0]
     print(json.dumps({**first, "step_s": step_s, "flops_per_s": first["flops"] / step_s if first["flops"] else None,
                       "together": together}), flush=True)
 
 
-def _copy_steps(recipe, threads, barrier, queue) -> None:
-    queue.put(time_step(recipe, threads, ready=barrier.wait))
+def _copy_steps(recipe, threads, ready) -> dict:
+    return time_step(recipe, threads, ready=ready)
 
 
 def rank_threads(calibration: dict, ranks_per_node: int) -> int:
