@@ -116,7 +116,7 @@ def _batch(raw: dict, section: dict, launch: dict, weak_scaling: bool, per_rank:
 def search(raw: dict, nodes: int, per_node: int, calibration: dict, memory_bytes: int,
            weak_scaling: bool = False, strategies: Optional[list[tuple[str, dict]]] = None,
            refine: int = REFINED, progress=print, device: str | None = None) -> list[Candidate]:
-    """Every candidate (module doc), ranked: the fitting ones by predicted step time, then those
+    """Every candidate (module doc), ranked: the fitting ones by predicted samples per second, then those
     that do not fit or cannot run, each with its reason."""
     world = nodes * per_node
     launch = {"executor": "slurm" if nodes > 1 else (raw.get("launch") or {}).get("executor", "local"),
