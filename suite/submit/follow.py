@@ -40,6 +40,7 @@ class Failure:
     rank: int | None = None
     node: str | None = None  # Slurm's name of the node the failing rank ran on, where known
     waited_s: float = 0.0  # how long the follower already waited for a lost node to come back
+    job_nodes: str = ""  # the Slurm job's nodes ("n[1-2]") as squeue listed them while it ran
 
 
 # Reasons Slurm gives for a pending job that will never start as submitted.
@@ -215,6 +216,13 @@ class Watch:
     # ---- the end --------------------------------------------------------------------------
     def outcome(self) -> dict:
         """The completed run's summary; RunFailed naming the job and the failing rank otherwise."""
+        try:
+            return self._outcome()
+        finally:
+            if self.failure is not None and not self.failure.job_nodes:
+                self.failure.job_nodes = self._nodes  # the restart looks for a lost node among them
+
+    def _outcome(self) -> dict:
         self.progress.show()
         job = f"job {self.job.job_id}"
         if self.never_starts:

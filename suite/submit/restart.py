@@ -116,6 +116,10 @@ class Restarts:
             else:
                 self.excluded += new
                 restart.note = f"excluding node {','.join(self.excluded)}"
+        elif launch.elastic and self._too_few_nodes(launch):  # no node named, yet too few left to run
+            left = self._wait_for_nodes(launch, [], launch.elastic_wait_s - failure.waited_s) or []
+            if len(left) < launch.nodes and self._shrink(restart, len(left)):
+                restart.note = f"{len(left)} usable node(s) left; {restart.note}"
         elif self.excluded:
             restart.note = f"excluding node {','.join(self.excluded)}"
         restart.excluded = list(self.excluded)
@@ -125,12 +129,16 @@ class Restarts:
             restart.recipe = restart.recipe.model_copy(update={"launch": launch.model_copy(update={"sbatch_extra": extra})})
         self.recipe = restart.recipe  # a later restart starts from this one's launch
 
+    def _too_few_nodes(self, launch) -> bool:
+        usable = usable_nodes(launch.partition)
+        return usable is not None and len([n for n in usable if n not in self.excluded]) < launch.nodes
+
     def _wait_for_nodes(self, launch, lost: list[str], wait_s: float) -> list[str] | None:
         """Up to ``wait_s`` for enough usable nodes (the lost one back, or others); the nodes left."""
         deadline, left = time.monotonic() + max(0.0, wait_s), None
         if wait_s > 0:
-            self.printer(f"waiting up to {wait_s:.0f} s (launch.elastic_wait_s) for node {','.join(lost)} to come back",
-                         flush=True)
+            what = f"node {','.join(lost)} to come back" if lost else f"{launch.nodes} usable node(s)"
+            self.printer(f"waiting up to {wait_s:.0f} s (launch.elastic_wait_s) for {what}", flush=True)
         while True:
             usable = usable_nodes(launch.partition)
             left = None if usable is None else [n for n in usable if n not in self.excluded]
@@ -151,17 +159,24 @@ class Restarts:
 
 
 def _failed_nodes(failure, job_id: str) -> list[str]:
-    """The nodes to leave out: the failing rank's, or those of the job's nodes (a requeued job's
-    list, or the job's as sacct knows it) that Slurm now reports unusable."""
+    """The nodes to leave out. Those of the job's nodes (as squeue listed them while it ran, else
+    as sacct knows them) that Slurm now reports unusable come first: a lost node explains the
+    failure better than the error of a rank on a live node whose peer went with it (rank 0's
+    collective fails when rank 1's node dies). Else the failing rank's node."""
+    listed = failure.job_nodes or (failure.node if failure.node and any(c in failure.node for c in "[,") else "")
+    lost = _unusable_of(listed) if listed else _lost_nodes(job_id)
+    if lost:
+        return lost
     if failure.node and not any(c in failure.node for c in "[,"):
         return [failure.node]
-    if failure.node:  # the job's node list ("n[1-2]"): a lost node, as squeue saw the job running
-        names = (_run("scontrol", "show", "hostnames", failure.node) or "").split()
-        states = _node_states() or {}
-        lost = [n for n in names if n in states and not states[n]]
-        if lost:
-            return lost
-    return _lost_nodes(job_id)
+    return _lost_nodes(job_id) if listed else []
+
+
+def _unusable_of(node_list: str) -> list[str]:
+    """The nodes of a Slurm node list ("n[1-2]") that sinfo now reports unusable."""
+    names = (_run("scontrol", "show", "hostnames", node_list) or "").split()
+    states = _node_states() or {}
+    return [n for n in names if n in states and not states[n]]
 
 
 def _in(partition) -> str:
@@ -206,9 +221,7 @@ def _node_states(partition: str | None = None) -> dict[str, bool] | None:
 
 
 def _lost_nodes(job_id: str) -> list[str]:
-    """The nodes of a job (e.g. one that ended NODE_FAIL) that Slurm now reports unusable."""
+    """The nodes of a job (e.g. one that ended NODE_FAIL) that Slurm now reports unusable, by sacct."""
     listed = _run("sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "NodeList")
     first = listed.strip().splitlines()[0] if listed and listed.strip() else ""
-    names = _run("scontrol", "show", "hostnames", first) if first and first != "None assigned" else None
-    states = _node_states() or {}
-    return [n for n in (names or "").split() if n in states and not states[n]]
+    return _unusable_of(first) if first and first != "None assigned" else []

@@ -65,6 +65,16 @@ def _bring_back(node: str) -> None:
     subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
 
 
+def _slurm_state() -> str:
+    """What Slurm says of its nodes and jobs, for a failure's message."""
+    out = []
+    for cmd in (["sinfo", "-N", "-o", "%N %t %E"], ["squeue", "-o", "%i %T %R %N"],
+                ["sacct", "-X", "-n", "-o", "JobID,State,NodeList,ExitCode", "-S", "now-10minutes"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        out.append("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+    return "\n".join(out)
+
+
 def _losses(run_dir):
     latest = {}
     for rec in run_record.read_metrics(run_dir, kind="step", rank=0):  # a later attempt's line wins
@@ -90,9 +100,9 @@ def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baselin
     out = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lost = None
+    lost, started = None, time.time()
     try:
-        deadline = time.time() + 180
+        deadline = started + 180
         while time.time() < deadline and proc.poll() is None:
             runs = [p for p in out.glob("elastic-*") if (p / "checkpoint" / "latest.json").exists()]
             if runs and json.loads((runs[0] / "checkpoint" / "latest.json").read_text())["step"] >= PAUSE_AT - 1:
@@ -105,7 +115,13 @@ def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baselin
             time.sleep(0.5)  # the restart is submitted, and waits for the node
         if not elastic:
             _bring_back(lost)
-        stdout, stderr = proc.communicate(timeout=300)
+        try:
+            stdout, stderr = proc.communicate(timeout=max(10.0, started + 270 - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"suite.submit still running after 270 s; its output:\n{stdout[-3000:]}{stderr[-3000:]}\n"
+                        f"{_slurm_state()}")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -204,3 +220,42 @@ def test_elastic_needs_slurm_restarts_and_a_neutral_checkpoint():
         recipes.validate({**raw, "launch": slurm})
     with pytest.raises(SuiteError, match="strategy allreduce's checkpoints resume only at their own"):
         recipes.validate({**raw, "strategy": {"name": "allreduce"}, "launch": {**slurm, "max_restarts": 1}})
+
+
+def test_a_down_node_of_the_job_is_the_one_lost_even_when_a_rank_on_a_live_node_reported_the_error(monkeypatch):
+    """Rank 0 (on n1) fails in its collective because rank 1's node n2 died: the node to leave out
+    is n2, which Slurm reports down, not the failing rank's n1."""
+    from suite.submit import restart
+    from suite.submit.follow import Failure
+
+    monkeypatch.setattr(restart, "_run", lambda *cmd: {("scontrol", "show", "hostnames", "n[1-2]"): "n1\nn2\n"}.get(
+        cmd, "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None))
+    peer_gone = Failure("rank 0 failed after step 9: Connection closed by peer", restartable=True, rank=0, node="n1",
+                        job_nodes="n[1-2]")
+    assert restart._failed_nodes(peer_gone, "77") == ["n2"]
+    # every node of the job up: the failing rank's own node
+    monkeypatch.setattr(restart, "_run", lambda *cmd: {("scontrol", "show", "hostnames", "n[1-2]"): "n1\nn2\n"}.get(
+        cmd, "n1 idle\nn2 idle\n" if cmd[0] == "sinfo" else None))
+    assert restart._failed_nodes(peer_gone, "77") == ["n1"]
+
+
+def test_an_elastic_run_with_too_few_usable_nodes_shrinks_even_when_no_node_is_named(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from suite.common.errors import RunFailed
+    from suite.record import run_record as records
+    from suite.submit import restart
+    from suite.submit.follow import Failure
+
+    monkeypatch.setattr(restart, "_run", lambda *cmd: "debug*\n" if cmd[:3] == ("sinfo", "-h", "-o") else
+                        "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None)
+    raw = yaml.safe_load(recipes.dump(make_recipe({"name": "ddp"}, **SECTIONS)))
+    raw["launch"] = {**raw["launch"], "executor": "slurm", "nodes": 2, "tasks_per_node": 1, "max_restarts": 1,
+                     "elastic": True, "elastic_wait_s": 0}
+    recipe = recipes.validate(raw)
+    run_dir = records.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
+    budget = restart.Restarts(recipe, run_dir, printer=lambda *a, **k: None)
+    unnamed = SimpleNamespace(failure=Failure("the job ended as FAILED", restartable=True), job=SimpleNamespace(job_id="9"))
+    got = budget.next(unnamed, RunFailed("job 9 failed"))
+    assert got.recipe.launch.nodes == 1 and got.recipe.training.grad_accumulation == 2
+    assert got.note.startswith("1 usable node(s) left; continuing on 1 of 2 node(s)"), got.note
