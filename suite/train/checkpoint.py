@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from suite.common.errors import SuiteError
 from suite.record import run_record
@@ -66,6 +65,7 @@ def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False)
     try:
         if neutral and not background:  # collective: every rank writes its shards, rank 0 the metadata
             with _one_process_is_fine():
+                import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
                 dcp.save(engine.neutral_state(), checkpoint_id=str(target / MODEL))
         elif not neutral:
             state["engine"] = engine.state_dict()
@@ -135,6 +135,7 @@ class _Background(threading.Thread):
     def run(self) -> None:
         try:
             # no warning to silence: a process group is given (catch_warnings is not for threads)
+            import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
             dcp.save(self.staged, checkpoint_id=str(self.where), process_group=self.group)
             self.staged = None  # the copy is not kept past its write
             _complete(self.run_dir, self.ctx, self.entry)
@@ -233,6 +234,7 @@ def load(run_dir: Path, ctx, engine) -> dict | None:
         state = torch.load(where / f"rank{ctx.rank if same else 0}.pt", map_location=ctx.device, weights_only=False)
         template = engine.neutral_state()  # this engine's own shards, by the plain model's names
         with _one_process_is_fine():  # filled from whatever shards were saved
+            import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
             dcp.load(template, checkpoint_id=str(where / MODEL))
         engine.load_neutral_state(template)
     _set_rng_state(state["rng"])
@@ -249,6 +251,7 @@ def saved_model(run_dir: Path) -> dict:
     where = folder(run_dir) / meta["folder"]
     if meta.get("format", "rank") == "rank":
         return torch.load(where / "rank0.pt", map_location="cpu", weights_only=False)["engine"]["model"]
+    import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
     saved = dcp.FileSystemReader(str(where / MODEL)).read_metadata().state_dict_metadata
     model = {key.removeprefix("model."): torch.empty(tuple(m.size), dtype=m.properties.dtype)
              for key, m in saved.items() if key.startswith("model.")}
