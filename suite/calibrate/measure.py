@@ -42,6 +42,13 @@ WARMUP = 3  # untimed calls per size: the first calls of a kind are several time
 ROUNDS = 7  # timed calls per size (median taken), interleaved over sizes (time_collectives)
 SMALL_CALLS = 3  # messages under SMALL_BYTES get this many per round: latency-bound, noisy, cheap
 SMALL_BYTES = 2**20
+IN_STEP_CALLS = 24  # small calls, each after a slice of compute, per timed round (time_in_step)
+IN_STEP_ROUNDS = 5
+# Between calls: a 3x3 convolution's forward and backward (channels, batch of 32x32 images):
+# about 0.5 ms and 2.5 ms on one CPU thread. Autograd's work, allocations included, as a step's
+# layers do it: matmuls alone measured 2-3x less per call.
+IN_STEP_SLICES = ((8, 4), (16, 16))
+IN_STEP_BYTES = 4096
 
 
 def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
@@ -118,6 +125,72 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None)
     return out
 
 
+def time_in_step(kinds, world: int, rank: int) -> dict:
+    """{kind: [[slice_s, seconds], ...]}: what one small call of each kind adds to a step when
+    it sits between slices of compute ``slice_s`` long (``IN_STEP_SLICES``), the slowest rank's
+    median. Batch norm synced over the ranks, tensor parallelism's all-reduces, FSDP's per-unit
+    gathers and a per-parameter all-reduce each call a collective between pieces of
+    computation, not back to back after a barrier as ``time_collectives`` times them. Measured
+    with gloo, one rank per core on 2 cores: 1-2 ms per small all-reduce, all-gather or
+    reduce-scatter between 2 ms slices of a convolution's forward and backward, up to 3.5 ms
+    between 7 ms slices, against 0.3 ms after a barrier: the collective's threads wait for a
+    core that a rank's compute holds, and longer slices hold it longer. The time model interpolates at its own slice (``alpha_beta.step_alpha``)."""
+    import torch  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+
+    def timed(compute, call):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(IN_STEP_CALLS):
+            compute()
+            if call:
+                call()
+        return time.perf_counter() - t0
+
+    slices = []
+    for channels, batch in IN_STEP_SLICES:
+        conv = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        images = torch.randn(batch, channels, 32, 32, requires_grad=True)
+        slices.append(lambda conv=conv, images=images: conv(images).sum().backward())
+    out = []
+    for kind in kinds:
+        call = _op(kind, IN_STEP_BYTES, world, rank)
+        for _ in range(WARMUP):
+            call()
+        for compute in slices:
+            # Rounds with and without the calls side by side, the median of their differences:
+            # a busy spell of the machine moves both of a pair.
+            pairs = [(timed(compute, None), timed(compute, call)) for _ in range(IN_STEP_ROUNDS)]
+            alone = statistics.median(a for a, _ in pairs) / IN_STEP_CALLS
+            extra = statistics.median(b - a for a, b in pairs) / IN_STEP_CALLS
+            out += [alone, max(0.0, extra) / (2 if kind == "send" else 1)]  # a ping-pong: two sends
+    slowest = torch.tensor(out, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    values = slowest.tolist()
+    per = 2 * len(slices)
+    return {kind: [values[i * per + 2 * j: i * per + 2 * j + 2] for j in range(len(slices))]
+            for i, kind in enumerate(kinds)}
+
+
+POOLED = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def pooled(in_step: dict) -> dict:
+    """``time_in_step``'s costs with the collectives' pooled: at each slice, the median of the
+    all-reduce's, all-gather's and reduce-scatter's per-call cost stands for all three. What a
+    call waits for in a step is a core for the collective's threads, once per call whatever its
+    kind (measured: the three within the noise of one another, 1-2 ms on 2 cores, while one
+    kind's figure moved by up to 2x between two calibrations); send and broadcast, which wake
+    fewer threads, keep their own."""
+    kinds = [k for k in POOLED if k in in_step]
+    if len(kinds) < 2:
+        return in_step
+    slices = len(in_step[kinds[0]])
+    common = [[statistics.median(in_step[k][j][0] for k in kinds), statistics.median(in_step[k][j][1] for k in kinds)]
+              for j in range(slices)]
+    return {**in_step, **{k: common for k in kinds}}
+
+
 def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, device: str = "cpu") -> dict | None:
     """One rank of the calibration (its environment set by the launcher): rank 0 returns the
     measurements, the others None."""
@@ -133,11 +206,16 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
     try:
         progress = (lambda line: print(line, flush=True)) if ctx.rank == 0 else None
         points = time_collectives(kinds, message_sizes, ctx.world_size, ctx.rank, progress)
+        in_step = time_in_step(kinds, ctx.world_size, ctx.rank)
+        if progress:
+            progress("  in a step      " + "  ".join(f"{k} " + "/".join(f"{t * 1e3:.2f}" for _, t in v) + " ms"
+                                                     for k, v in in_step.items())
+                     + " (between " + "/".join(f"{s * 1e3:.2f}" for s, _ in next(iter(in_step.values()))) + " ms of compute)")
         hosts = [None] * ctx.world_size
         dist.all_gather_object(hosts, socket.gethostname())
         import torch  # start-up: torch loads on the ranks only
 
-        return {"points": points, "hosts": sorted(set(hosts)), "backend": ctx.backend,
+        return {"points": points, "in_step": in_step, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
     finally:
         suite_dist.close()
@@ -220,7 +298,8 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
         else:
             got = run_local(w, message_sizes)
         measured = measured or got
-        by_world[str(w)] = {kind: alpha_beta.fit(kind, w, [tuple(p) for p in points])
+        in_step = pooled(got.get("in_step") or {})
+        by_world[str(w)] = {kind: alpha_beta.fit(kind, w, [tuple(p) for p in points], in_step=in_step.get(kind))
                             for kind, points in got["points"].items()}
     print("measuring compute", flush=True)
     cores = len(os.sched_getaffinity(0))

@@ -69,8 +69,11 @@ def call_time_s(kind: str, world: int, n_bytes: float, alpha_s: float, beta_byte
     return ring
 
 
-def fit(kind: str, world: int, points: list[tuple[float, float]]) -> dict:
-    """alpha_s, beta_bytes_per_s from (bytes, seconds) measured at ``world`` ranks.
+def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None) -> dict:
+    """alpha_s, beta_bytes_per_s from (bytes, seconds) measured at ``world`` ranks; with
+    ``in_step`` ([[slice_s, seconds], ...]: a small call's cost between slices of compute,
+    ``measure.time_in_step``), also ``step_alpha``: those costs as alpha (``/ a(world)``), which
+    the time model takes where larger than alpha (``step_alpha``).
 
     Least squares of t = c0 + c1 n weighted by 1/t, i.e. on relative error, so that the small
     messages (which fix alpha) count as much as the large ones (which fix beta). When noise (a
@@ -83,9 +86,30 @@ def fit(kind: str, world: int, points: list[tuple[float, float]]) -> dict:
     if c0 <= 0 or c1 <= 0:  # still: the smallest message is all latency, the largest all bandwidth
         c0, c1, method = min(t for _, t in points), max(points)[1] / max(points)[0], "bounds"
     errors = [abs(c0 + c1 * n - t) / t for n, t in points]
-    return {"alpha_s": c0 / a, "beta_bytes_per_s": b / c1, "formula": FORMULAS[kind], "world_size": world,
-            "method": method, "points": [[int(n), t] for n, t in points], "max_relative_error": max(errors),
-            "median_relative_error": sorted(errors)[len(errors) // 2]}
+    out = {"alpha_s": c0 / a, "beta_bytes_per_s": b / c1, "formula": FORMULAS[kind], "world_size": world,
+           "method": method, "points": [[int(n), t] for n, t in points], "max_relative_error": max(errors),
+           "median_relative_error": sorted(errors)[len(errors) // 2]}
+    if in_step and a:
+        out["step_alpha"] = [[slice_s, t / a] for slice_s, t in sorted(in_step)]
+    return out
+
+
+def step_alpha(f: dict, slice_s: float | None = None) -> float:
+    """The latency per call to predict a step with: alpha of the fit, or, where larger, what a
+    call costs between slices of compute ``slice_s`` long (the step's compute over its calls),
+    interpolated on log(slice) between the calibration's slices and held at its ends."""
+    curve = f.get("step_alpha")
+    if not curve or slice_s is None:
+        return f["alpha_s"]
+    if slice_s <= curve[0][0]:
+        at = curve[0][1]
+    elif slice_s >= curve[-1][0]:
+        at = curve[-1][1]
+    else:
+        (s0, a0), (s1, a1) = next((p, q) for p, q in zip(curve, curve[1:]) if p[0] <= slice_s <= q[0])
+        w = math.log(slice_s / s0) / math.log(s1 / s0) if s1 > s0 else 0.0
+        at = a0 + w * (a1 - a0)
+    return max(f["alpha_s"], at)
 
 
 def _weighted_least_squares(points) -> tuple[float, float]:

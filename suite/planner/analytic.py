@@ -60,6 +60,11 @@ def model_step(recipe) -> dict:
         block_flops = [0] * len(blocks)  # each top-level block's forward FLOPs: how a split shares the compute
         hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(_tensor_bytes(out)))
                  for block in blocks]
+        linears = {}  # name -> (input bytes, output bytes, input needs a gradient): the last pass's
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                hooks.append(module.register_forward_hook(lambda _m, args, out, name=name: linears.__setitem__(
+                    name, (_tensor_bytes(args[0]), _tensor_bytes(out), bool(args[0].requires_grad)))))
         for i, block in enumerate(blocks):
             hooks.append(block.register_forward_pre_hook(lambda _m, _i, i=i: block_flops.__setitem__(
                 i, block_flops[i] - flops.get_total_flops())))
@@ -81,7 +86,10 @@ def model_step(recipe) -> dict:
             "activation_bytes": max(passes.peak - sum(sizes), 0), "optimizer_bytes": update.peak,
             "parameter_bytes": sum(sizes), "largest_tensor_bytes": max(sizes, default=0),
             "parameter_tensors": len(sizes), "units": unit_bytes(model), "block_flops": block_flops,
-            "block_parameters": [sum(p.numel() for p in block.parameters()) for block in blocks]}
+            "block_parameters": [sum(p.numel() for p in block.parameters()) for block in blocks],
+            "linears": [[name, *io] for name, io in linears.items()],
+            "batchnorm_channels": [m.num_features for m in model.modules()
+                                   if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]}
 
 
 def stage_share(recipe, step: dict) -> float | None:
@@ -151,7 +159,9 @@ def step_sizes(recipe, g: int, p: int, step: dict, parts: int = 1):
                      largest_tensor_bytes=step.get("largest_tensor_bytes", 0),
                      model_parameter_bytes=step.get("parameter_bytes", 0),
                      optimizer_bytes=step.get("optimizer_bytes", 0), parts=parts,
-                     cuda=uses_cuda(recipe.launch.device), boundary_bytes=step.get("boundary_bytes", 0))
+                     cuda=uses_cuda(recipe.launch.device), boundary_bytes=step.get("boundary_bytes", 0),
+                     batchnorm_channels=tuple(step.get("batchnorm_channels", ())), model_name=recipe.model.name,
+                     linears=tuple(tuple(x) for x in step.get("linears", ())))
 
 
 def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, int]]:
@@ -160,7 +170,12 @@ def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, in
     strategy = strategy_rules(recipe.strategy, "comm_rule")
     if recipe.world_size == 1:
         return {}
-    return dict(strategy.comm_rule(step_sizes(recipe, g, p, step)))
+    # start-up: the strategy registry imports torch; loaded when a rule is read.
+    from suite.strategies.costs import merged, synced_batchnorm
+
+    sizes = step_sizes(recipe, g, p, step)
+    synced = synced_batchnorm(sizes) if recipe.training.sync_batchnorm else {}
+    return dict(merged(strategy.comm_rule(sizes), synced))
 
 
 def copy_bytes(recipe, comm_bytes: dict[str, int]) -> int:

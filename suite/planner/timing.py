@@ -2,7 +2,9 @@
 
     compute_s = profile.flops / rate
     copy_s    = profile.copy_bytes / copy rate
-    comm_s    = sum over kinds k of  calls_k · a_k(N) · α_k + b_k(N) · bytes_k / β_k   (alpha_beta)
+    comm_s    = sum over kinds k of  calls_k · a_k(N) · α'_k + b_k(N) · bytes_k / β_k   (alpha_beta)
+                α'_k = the larger of α_k and what a call costs between slices of compute as
+                long as this step's compute over its calls (alpha_beta.step_alpha)
     exposed   = comm_s - hidden,  hidden = min(Σ_k overlap_k · comm_k, window of compute)
     step_s    = compute_s / (1 - bubble) + copy_s + exposed_comm_s
     samples/s = profile.samples / step_s
@@ -28,7 +30,9 @@ of one node without link classes: the fits timed at the run's world size
 (``collectives_by_world``) where it has them, else those of its first world size.
 
 rate, where the model was timed when predicting (``suite.planner.model_time``): its step's rate
-at this rank's threads, times the core share. A preset of other hardware (``per_device``): the
+at this rank's threads, times the core share. Where the strategy was also timed as one rank of its
+own, the difference (``overhead_s``: its code's cost per step, its copies included) is added to
+``compute_s`` whole and ``copy_s`` is 0. A preset of other hardware (``per_device``): the
 device's peak at the recipe's precision times the preset's assumed efficiency.
 
 overlap: every strategy's own rule (``overlap`` on its options class, ``suite.strategies.costs.
@@ -161,13 +165,18 @@ def group_of(kind: str, options: dict, profile: StepProfile) -> tuple[int, str]:
     return size, "inter" if layout.group_span(names) > per_node else "intra"
 
 
-def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = None) -> dict[str, float]:
+def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = None,
+                compute_s: float | None = None) -> dict[str, float]:
     """Seconds per step of each collective kind the profile uses, over the link class its group
-    crosses (``hardware.link_fits``)."""
+    crosses (``hardware.link_fits``). Each call's latency: the fit's alpha, or what a call costs
+    between slices of compute as long as this step's (``compute_s`` over its calls) where the
+    calibration measured that (``alpha_beta.step_alpha``)."""
     options = options or {}
     by_world = calibration.get("collectives_by_world") or {}
     measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
     out = {}
+    total_calls = sum(c for c in profile.comm_calls.values() if c)
+    slice_s = compute_s / total_calls if compute_s is not None and total_calls else None
     for kind, calls in profile.comm_calls.items():
         if not calls:
             continue
@@ -179,7 +188,7 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
         source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
         f = fits[source]
         out[kind] = alpha_beta.call_time_s(kind, size, profile.comm_bytes.get(kind, 0),
-                                           f["alpha_s"], f["beta_bytes_per_s"], calls,
+                                           alpha_beta.step_alpha(f, slice_s), f["beta_bytes_per_s"], calls,
                                            trees=calibration.get("backend") == "nccl")
     return out
 
@@ -216,8 +225,14 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     ranks_per_node = options.get("ranks_per_node") or profile.world_size
     rate, rate_note = compute_rate(calibration, ranks_per_node, options.get("model"), options.get("precision", "fp32"))
     compute_s = profile.flops / rate
-    copy_s = copy_time_s(profile, calibration, ranks_per_node)
-    per_kind = comm_time_s(profile, calibration, options)
+    timed = (calibration["compute"].get("models") or {}).get(options.get("model")) or {}
+    if timed.get("strategy") == profile.strategy != "single":
+        # Timed as one rank of its own (model_time): what its code costs a rank, copies included.
+        compute_s += timed.get("overhead_s", 0.0)
+        copy_s = 0.0
+    else:
+        copy_s = copy_time_s(profile, calibration, ranks_per_node)
+    per_kind = comm_time_s(profile, calibration, options, compute_s)
     comm_s = sum(per_kind.values())
     _, overlap = rule(options)
     window_s = compute_s * (BACKWARD_SHARE if overlap.window == "backward" else 1.0)

@@ -72,12 +72,43 @@ class StepSizes:
     parts: int = 1  # ranks sharing one replica (pipeline stages x tensor ranks)
     cuda: bool = False  # the rank computes on a GPU
     boundary_bytes: int = 0  # the largest output of a top-level block, at the accumulation batch
+    batchnorm_channels: tuple[int, ...] = ()  # each batch-norm layer's channels (synced: training.sync_batchnorm)
+    model_name: str = ""  # model.name
+    # Each linear layer, in order: (name, input bytes, output bytes, whether its input needs a
+    # gradient), at the accumulation batch (tensor parallelism's all-reduces are sized by them).
+    linears: tuple = ()
 
 
 def data_parallel_all_reduce(step: StepSizes) -> Comm:
     """The data-parallel rule: one all-reduce of the rank's gradients over its data-parallel
     group, when it has peers."""
     return {"all_reduce": (step.gradient_bytes, 1)} if step.layout.dp_size > 1 else {}
+
+
+def synced_batchnorm(step: StepSizes) -> Comm:
+    """Batch norm synced over the data-parallel ranks (``suite.strategies.batchnorm``), whatever
+    the strategy: per layer and forward pass one all-gather of each rank's (count, mean,
+    variance), and one all-reduce of (sum dy, sum dy * x_hat) in backward; a pass per
+    accumulation step and pipeline chunk, over this rank's stage's share of the layers. Small
+    messages between compute: each call costs its latency in full."""
+    if step.layout.dp_size < 2 or not step.batchnorm_channels:
+        return {}
+    stages = step.layout.degree("pipeline")
+    passes = step.layout.accumulation_steps * step.layout.pipeline_chunks
+    layers = max(1, -(-len(step.batchnorm_channels) // stages))
+    channels = sum(step.batchnorm_channels) // stages
+    return {"all_gather": (passes * step.layout.dp_size * (2 * channels + layers) * 4, passes * layers),
+            "all_reduce": (passes * 2 * channels * 4, passes * layers)}
+
+
+def merged(*comms: Comm) -> Comm:
+    """Several rules' {kind: (bytes, calls)} added up kind by kind."""
+    out: dict = {}
+    for comm in comms:
+        for kind, (n_bytes, calls) in comm.items():
+            b, c = out.get(kind, (0, 0))
+            out[kind] = (b + n_bytes, c + calls)
+    return out
 
 
 def stage_messages(step: StepSizes) -> Comm:

@@ -33,17 +33,37 @@ def _require_divisible(what: str, value: int, tp: int) -> None:
                          f"evenly); choose a tp that divides {value}")
 
 
+def roles(model_name: str, linear_names: list[str]) -> dict[str, str]:
+    """Which linear layers (``named_modules`` names, in order) the layout splits: name ->
+    "colwise" or "rowwise". The one place the layouts are decided: ``mlp_plan`` and
+    ``transformer_plan`` build from it, the planner counts the all-reduces from it."""
+    if model_name == "mlp":  # in pairs, column-wise then row-wise; an unpaired last layer stays whole
+        pairs = zip(linear_names[0:-1:2], linear_names[1::2])
+        return {name: role for first, second in pairs for name, role in ((first, "colwise"), (second, "rowwise"))}
+    if model_name == "transformer":  # per block: q/k/v and MLP up column-wise, out and MLP down row-wise
+        ends = {"attention.q": "colwise", "attention.k": "colwise", "attention.v": "colwise", "mlp.up": "colwise",
+                "attention.out": "rowwise", "mlp.down": "rowwise"}
+        return {name: ends[end] for name in linear_names for end in ends
+                if name.endswith("." + end) and name.split(".")[0].isdigit()}
+    return {}
+
+
+def _linears(model: torch.nn.Module) -> dict:
+    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
 def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
     """Linear layers in pairs: column-wise then row-wise (the ReLU between acts on slices).
     An unpaired last layer (the classifier) stays replicated."""
     # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    linears = _linears(model)
     layout = {}
-    for (first, layer), (second, _) in zip(linears[0:-1:2], linears[1::2]):
-        _require_divisible("model.hidden width", layer.out_features, tp)
-        layout[first], layout[second] = ColwiseParallel(), RowwiseParallel()
+    for name, role in roles("mlp", list(linears)).items():
+        if role == "colwise":
+            _require_divisible("model.hidden width", linears[name].out_features, tp)
+        layout[name] = ColwiseParallel() if role == "colwise" else RowwiseParallel()
     return layout
 
 
@@ -53,18 +73,12 @@ def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
     # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-
-    layout = {}
-    for index, block in model.named_children():
-        if not isinstance(block, Block):
-            continue
-        attention = block.attention
-        _require_divisible("model.heads", attention.q.out_features // attention.head_dim, tp)
-        for name in ("attention.q", "attention.k", "attention.v", "mlp.up"):
-            layout[f"{index}.{name}"] = ColwiseParallel()
-        for name in ("attention.out", "mlp.down"):
-            layout[f"{index}.{name}"] = RowwiseParallel()
-    return layout
+    for block in model.children():
+        if isinstance(block, Block):
+            attention = block.attention
+            _require_divisible("model.heads", attention.q.out_features // attention.head_dim, tp)
+    return {name: ColwiseParallel() if role == "colwise" else RowwiseParallel()
+            for name, role in roles("transformer", list(_linears(model))).items()}
 
 
 PLANS = {"mlp": mlp_plan, "transformer": transformer_plan}
@@ -98,9 +112,20 @@ class Options(StrategyOptions):
         return {key: value // layout.world_size for key, value in total.items()}
 
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
-        # The all-reduces inside each layer depend on the layers: not counted here (the fake run
-        # of python -m suite.plan counts them).
-        return {}
+        """Over the tensor-parallel group, per pass: each row-wise layer all-reduces its output
+        (the ranks' partial sums) in forward; each column-wise layer all-reduces the gradient of
+        its input in backward, where that input needs one (not the data). The data-parallel
+        dimension's FSDP2 is not counted here (the fake run of python -m suite.plan counts it)."""
+        if step.layout.degree("tensor") < 2 or not step.linears:
+            return {}
+        split = roles(step.model_name, [name for name, *_ in step.linears])
+        n_bytes = calls = 0
+        for name, in_bytes, out_bytes, input_grad in step.linears:
+            role = split.get(name)
+            if role == "rowwise" or (role == "colwise" and input_grad):
+                n_bytes, calls = n_bytes + (out_bytes if role == "rowwise" else in_bytes), calls + 1
+        passes = step.layout.accumulation_steps
+        return {"all_reduce": (n_bytes * passes, calls * passes)} if calls else {}
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:

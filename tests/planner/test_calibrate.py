@@ -66,6 +66,19 @@ def test_formulas_scale_with_world_size_as_stated():
     assert alpha_beta.call_time_s("all_reduce", 1, n, ALPHA_S, BETA) == 0.0
 
 
+def test_a_call_in_a_step_costs_the_larger_of_alpha_and_the_in_step_cost_at_the_steps_slice():
+    f = alpha_beta.fit("all_reduce", 2, [(4096, 2e-4), (2**20, 1e-3), (2**22, 3e-3)],
+                       in_step=[[2.5e-3, 3e-3], [5e-4, 1e-3]])
+    assert f["step_alpha"] == [[5e-4, 1e-3 / 2], [2.5e-3, 3e-3 / 2]]  # sorted by slice, per a(2) = 2
+    assert alpha_beta.step_alpha(f) == f["alpha_s"]  # no slice given: the fit's alpha
+    assert alpha_beta.step_alpha(f, 1e-4) == pytest.approx(5e-4)  # held at the ends
+    assert alpha_beta.step_alpha(f, 1e-2) == pytest.approx(1.5e-3)
+    middle = math.sqrt(5e-4 * 2.5e-3)  # halfway on log(slice)
+    assert alpha_beta.step_alpha(f, middle) == pytest.approx((5e-4 + 1.5e-3) / 2)
+    low = {**f, "step_alpha": [[1e-3, f["alpha_s"] / 10]]}
+    assert alpha_beta.step_alpha(low, 1e-3) == f["alpha_s"]  # never below the fit's alpha
+
+
 # ---- the measurement -------------------------------------------------------------------------
 
 def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(tmp_path, monkeypatch):
@@ -94,6 +107,11 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     assert c["compute"]["peak_flops_per_s_by_threads"]["1"] > 0
     assert c["compute"]["copy_bytes_per_s"] > 0 and "memory copy: 1 thread" in proc.stdout
     assert calibration.load(backend="gloo")["key"] == c["key"]  # found again in the cache by host
+    # a small call of each kind timed between slices of compute of two lengths, as a step calls it
+    for kind, f in c["collectives"].items():
+        assert [s for s, _ in f["step_alpha"]] == sorted(s for s, _ in f["step_alpha"]) and len(f["step_alpha"]) == 2
+        assert all(s > 0 and a >= 0 for s, a in f["step_alpha"]), (kind, f["step_alpha"])
+    assert "in a step" in proc.stdout
     table = proc.stdout
     assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
 

@@ -119,6 +119,38 @@ def test_the_analytic_rule_each_run_records_sends_what_the_real_strategy_code_se
     # FSDP's storages resized back up nor the allocator's own small blocks.
 
 
+@pytest.mark.parametrize("raw", [MLP, SMALL_TRANSFORMER], ids=["mlp", "transformer"])
+def test_tensor_parallel_all_reduces_counted_from_its_layout_equal_the_real_codes(raw):
+    """Row-wise layers all-reduce their output in forward, column-wise ones their input's
+    gradient in backward (none for the data): the rule each run's prediction uses, held to the
+    fake run of the real DTensor code."""
+    raw = {**raw, "training": {**raw["training"], "batch_size": 16}}
+    fake = _profiles(raw, "tensor", [2])[("tensor", 2)]
+    assert fake.source == "fake" and fake.comm_calls.get("all_reduce", 0) > 0
+    rule = analytic.profile(fake_run.at_world(recipes.validate({**raw, "strategy": {"name": "tensor"}}), 2), 2, "test")
+    assert rule.comm_calls == fake.comm_calls and rule.comm_bytes == fake.comm_bytes
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_batch_norm_synced_over_the_ranks_is_counted_as_the_real_code_calls_it(strategy):
+    """training.sync_batchnorm (the default): per batch-norm layer and pass one all-gather of the
+    ranks' statistics and one all-reduce in backward, whatever the strategy; the analytic rule
+    counts what the fake run of the real code records, and nothing is added when it is off."""
+    raw = _raw({"name": "resnet18", "width": 0.125}, {"name": "synthetic", "shape": [3, 16, 16], "classes": 10,
+                                                      "n_train": 64, "n_val": 16}, 16)
+    layers = sum(isinstance(m, __import__("torch").nn.BatchNorm2d) for m in _meta_model(raw).modules())
+    assert layers == 20
+    fake = _profiles(raw, strategy, [2])[(strategy, 2)]
+    recipe = fake_run.at_world(recipes.validate({**raw, "strategy": {"name": strategy}}), 2)
+    rule = analytic.profile(recipe, 2, "under test")
+    assert rule.comm_calls == fake.comm_calls and rule.comm_bytes == fake.comm_bytes
+    assert rule.comm_calls["all_gather"] >= layers  # FSDP's own gathers come on top
+    unsynced = recipes.validate({**raw, "strategy": {"name": strategy}, "training": {**raw["training"], "sync_batchnorm": False}})
+    plain = analytic.profile(fake_run.at_world(unsynced, 2), 2, "under test")
+    assert rule.comm_calls["all_reduce"] - plain.comm_calls.get("all_reduce", 0) == layers
+    assert rule.comm_calls["all_gather"] - plain.comm_calls.get("all_gather", 0) == layers
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp", "allreduce"])
 def test_predicted_held_bytes_equal_a_real_runs_at_world_2_and_the_peak_is_within_20_percent(strategy, tmp_path):
     # Wide enough (38 MiB of parameters) that the tensors make the peak, not the libraries'

@@ -72,20 +72,41 @@ def test_a_calibration_of_one_node_stands_for_the_links_between_nodes_and_says_s
     assert "across nodes assumed the same" in hardware.describe(cal)
 
 
-def test_the_prediction_times_the_models_own_step(tmp_path, monkeypatch):
+def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    recipe = _recipe({"name": "ddp"}, 1, 2)
-    cal = {"key": "k", "backend": "gloo", "collectives": {"all_reduce": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}},
+    recipe = _recipe({"name": "fsdp"}, 1, 2)
+    cal = {"key": "k", "backend": "gloo", "collectives": {"all_gather": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9},
+                                                           "reduce_scatter": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}},
            "compute": {"cores": 2, "peak_flops_per_s_by_threads": {"1": 1e15, "2": 2e15}}}  # an absurd peak, unused
     got = prediction(recipe, cal)
     assert "timed at rank batch 32 on 1 thread(s) when predicted, 2 stepping at once" in got["rate"], got
     cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_time.CACHE_FILE).read_text())
-    (entry,) = cached.values()
-    assert entry["batch"] == 32 and entry["threads"] == 1 and entry["together"] == 2  # both ranks' cores busy
-    # The compute is the timed step (this rank computes the whole model at the timed batch), not the peak's share.
-    assert got["compute_s"] == pytest.approx(entry["step_s"], rel=1e-6)
+    by_strategy = {e["strategy"]: e for e in cached.values()}
+    assert set(by_strategy) == {"single", "fsdp"}  # the model's own step, and FSDP's code around it as one rank
+    for entry in by_strategy.values():
+        assert entry["batch"] == 32 and entry["threads"] == 1 and entry["together"] == 2  # both ranks' cores busy
+    # The compute: the model's timed step (this rank computes the whole model at the timed batch), not
+    # the peak's share, plus what FSDP's code costs it beyond that; its copies are in that cost.
+    overhead = max(0.0, by_strategy["fsdp"]["step_s"] - by_strategy["single"]["step_s"])
+    assert got["compute_s"] == pytest.approx(by_strategy["single"]["step_s"] + overhead, rel=1e-6)
+    assert got["copy_s"] == 0.0
     # Timed once: a second prediction of the same model and batch reads the cache.
     assert model_time.timed(recipe, 1, 2)["cached"] is True
+    assert model_time.timed(recipe, 1, 2, own_strategy=True)["cached"] is True
+
+
+def test_a_strategy_is_timed_as_one_rank_of_its_own_with_its_degrees_dropped_where_it_can_be():
+    def alone(strategy, per_node=2, **training):
+        return model_time.one_rank_recipe(_recipe(strategy, 1, per_node, **training), own_strategy=True)
+
+    one = alone({"name": "fsdp", "replicate": 2}, 4)
+    assert one.strategy.name == "fsdp" and one.world_size == 1 and one.strategy.replicate == 1
+    assert one.training.batch_size == 16  # the rank's batch of the 4-rank run
+    assert alone({"name": "tensor", "tp": 2}).strategy.name == "tensor"  # its machinery runs at tp 1
+    assert alone({"name": "zero", "stage": 3}).strategy.stage == 3
+    assert alone({"name": "pipeline", "micro_batches": 2}).strategy.name == "single"  # stages need peers
+    assert alone({"name": "hogwild"}).strategy.name == "single"  # asynchronous replicas need peers
+    assert model_time.one_rank_recipe(_recipe({"name": "fsdp"}, 1, 2)).strategy.name == "single"
 
 
 def test_the_search_checkpoints_then_accumulates_to_fit_and_says_why_it_gives_up():
