@@ -75,7 +75,7 @@ def strategy_sections(raw_strategy: dict, world: int) -> list[tuple[str, dict]]:
 
 def _label(section: dict) -> str:
     keys = [f"{k}={v}" for k, v in section.items() if k != "name"]
-    return section["name"] + (":" + ",".join(keys) if keys else "")
+    return ":".join([section["name"], *keys])  # as --strategies takes it: zero:stage=3:offload=cpu
 
 
 def _overrides(section: dict, checkpointing: bool, accumulation: int, batch_size: int, raw: dict) -> list[str]:

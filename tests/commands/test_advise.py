@@ -83,7 +83,7 @@ def test_advise_at_1024_ranks_on_the_h100_preset(tmp_path):
         assert not any(n == name or n.startswith(name + ":") for n in names), name
         assert re.search(rf"^- (.*, )?{name}[:, ]", left_out, re.M), name
     # A tensor degree that does not divide the model's 4 heads is left out, with that reason.
-    assert re.search(r"tensor:dp=128,tp=8.*must divide model.heads=4", left_out)
+    assert re.search(r"tensor:dp=128:tp=8.*must divide model.heads=4", left_out)
 
 
 def test_hogwild_beyond_one_node_is_left_out_with_the_reason(tmp_path):

@@ -1,0 +1,50 @@
+"""Held-out check of the time model: the shipped recipes (and an MLP 2048x2048), which the
+predict section of compare.py does not use and the time model was not developed on, each under
+the strategies that fit it at world 2, 24 steps; each run's own predicted.step_time_s (needs a
+calibration: python -m suite.calibrate --world-size 2) against its median step.
+
+    python benchmarks/predict_heldout.py [OUT]    (about 5 min on 2 cores)
+"""
+import glob
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/predict-heldout"
+R = str(Path(__file__).resolve().parent.parent / "recipes") + "/"
+CASES = {
+    "keras_mlp": (R + "keras_mlp.yaml", [], ["ddp", "fsdp", "zero2", "allreduce"]),
+    "tensor_transformer": (R + "tensor_transformer.yaml", [], ["ddp", "fsdp", "zero2", "allreduce", "tensor"]),
+    "gpipe_vgg": (R + "gpipe_vgg.yaml", [], ["ddp", "fsdp", "zero2", "allreduce", "gpipe"]),
+    "mlp2048": (R + "keras_mlp.yaml", ["model={name: mlp, hidden: [2048, 2048]}"], ["ddp", "fsdp", "zero2", "allreduce"]),
+    "cifar_cnn": (R + "cifar_cnn.yaml", [], ["ddp", "fsdp", "zero2", "allreduce"]),
+}
+STRAT = {"zero2": "strategy={name: zero, stage: 2}", "gpipe": "strategy={name: pipeline, schedule: gpipe, stages: 2, micro_batches: 4}",
+         "tensor": "strategy={name: tensor}"}
+rows = []
+for name, (recipe, extra, strategies) in CASES.items():
+    for s in strategies:
+        out = f"{OUT}/{name}-{s}"
+        args = [sys.executable, "-m", "suite.submit", recipe, *extra, STRAT.get(s, f"strategy={{name: {s}}}"),
+                "training.max_steps=24", "training.epochs=100", "tracking.wandb=disabled", "launch.tasks_per_node=2", "--out", out]
+        proc = subprocess.run(args, capture_output=True, text=True)
+        runs = glob.glob(out + "/*/summary.json")
+        if proc.returncode or not runs:
+            print(name, s, "FAILED", proc.stderr.strip().splitlines()[-1:], flush=True); continue
+        summ = json.load(open(runs[0]))
+        p, m = (summ.get("predicted") or {}).get("step_time_s"), summ["step_time_s"]
+        rows.append((name, s, p, m))
+        print(f"{name:20s}{s:10s} predicted {p*1e3 if p else float('nan'):8.2f} ms measured {m*1e3:8.2f} ms error {((p/m-1)*100 if p else float('nan')):+6.1f}%", flush=True)
+errs = sorted(abs(p / m - 1) for _, _, p, m in rows if p)
+print(f"runs {len(errs)}: median |error| {statistics.median(errs)*100:.0f}%, p90 {errs[int(0.9*(len(errs)-1)+0.5)]*100:.0f}%")
+def tau(xs, ys):
+    c = d = 0
+    for i, j in itertools.combinations(range(len(xs)), 2):
+        s = (xs[i] - xs[j]) * (ys[i] - ys[j])
+        c += s > 0; d += s < 0
+    return (c - d) / max(1, c + d)
+for name in CASES:
+    r = [(p, m) for n, _, p, m in rows if n == name and p]
+    print(f"Kendall tau {name}: {tau([p for p, _ in r], [m for _, m in r]):.2f} ({len(r)} strategies)")
