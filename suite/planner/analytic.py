@@ -88,8 +88,8 @@ def model_step(recipe) -> dict:
             "parameter_tensors": len(sizes), "units": unit_bytes(model), "block_flops": block_flops,
             "block_parameters": [sum(p.numel() for p in block.parameters()) for block in blocks],
             "linears": [[name, *io] for name, io in linears.items()],
-            "batchnorm_channels": [m.num_features for m in model.modules()
-                                   if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]}
+            "batchnorm_channels": [m.num_features for m in model.modules() if isinstance(
+                m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm))]}
 
 
 def stage_share(recipe, step: dict) -> float | None:
