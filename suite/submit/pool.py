@@ -34,6 +34,7 @@ import psutil
 
 from suite.record import run_record
 from suite.common.ports import free_port
+from suite.compat import submitit as submitit_compat
 from suite.submit import launch
 from suite.tasks.pool import PoolTask
 from suite.recipe.text import raw_points
@@ -96,10 +97,15 @@ class Pool:
         self.open = False
         (self.points / "end").touch()
         deadline = time.time() + wait_s
-        while self.job.state == "RUNNING" and time.time() < deadline:
+        while self.job.state == "RUNNING" and not self._results_left() and time.time() < deadline:
             time.sleep(_POLL_S)
-        if self.job.state == "RUNNING":
+        if self.job.state == "RUNNING" and not self._results_left():
             self.kill()
+
+    def _results_left(self) -> bool:
+        """Every task returned and wrote its result: its process is only exiting (an
+        interpreter that imported torch takes ~0.9 s to tear down, which nothing waits on)."""
+        return all(submitit_compat.left_result(self.job.task(k)) for k in range(self.job.num_tasks))
 
     def kill(self) -> None:
         try:
