@@ -66,6 +66,7 @@ class Watch:
         # launch.elastic: a job Slurm requeued after a node failed is given up after this long
         # pending (the restart then continues without the node); None: wait for Slurm to rerun it.
         self.requeue_wait_s, self._requeued_at, self._nodes, self.lost = requeue_wait_s, None, "", None
+        self._ran = False  # seen RUNNING (on Slurm): pending after that means requeued
         self.local = isinstance(job, submitit.LocalJob) or getattr(job, "local", False)  # or mpirun's (submit/mpi.py)
 
     def poll(self) -> bool:
@@ -104,6 +105,8 @@ class Watch:
             state = "RUNNING" if self.job.state == "RUNNING" else "ENDED"
         else:
             state = self.job.get_info(mode="force").get("State") or "UNKNOWN"  # asks Slurm now, not a cache
+        if state.split()[0] == "RUNNING" and not self.local and not self._nodes and state == self.state:
+            self._nodes = squeue(self.job.job_id, "%N") or ""  # not listed yet when first seen running
         if state != self.state:
             if self._ran_between_polls(state):  # a short job can pass PENDING -> COMPLETED between two polls
                 self.printer(f"[{self.job.job_id}] RUNNING")
@@ -111,8 +114,8 @@ class Watch:
                 self.printer(f"[{self.job.job_id}] {state}")
             if state.split()[0] == "RUNNING" and not self.local:
                 self._nodes = squeue(self.job.job_id, "%N") or self._nodes  # the nodes it runs on
-                self._requeued_at = None  # (again): Slurm reran it
-            if state.split()[0] == "PENDING" and self._nodes and self._requeued_at is None:
+                self._requeued_at, self._ran = None, True  # (again): Slurm reran it
+            if state.split()[0] == "PENDING" and self._ran and self._requeued_at is None:
                 # It ran and is back (through COMPLETING or REQUEUED, maybe between two polls):
                 # Slurm requeued it, after a node failed or for preemption.
                 self._requeued_at = time.time()
@@ -220,7 +223,11 @@ class Watch:
             return self._outcome()
         finally:
             if self.failure is not None and not self.failure.job_nodes:
-                self.failure.job_nodes = self._nodes  # the restart looks for a lost node among them
+                # the restart looks for a lost node among them; where squeue never listed them,
+                # the nodes this attempt's ranks recorded
+                self.failure.job_nodes = self._nodes or ",".join(sorted({
+                    p["node"] for p in run_record.rank_processes(self.run_dir)
+                    if p.get("node") and p.get("started_at", 0) >= self._since - 1}))
 
     def _outcome(self) -> dict:
         self.progress.show()
