@@ -130,8 +130,13 @@ class Restarts:
         self.recipe = restart.recipe  # a later restart starts from this one's launch
 
     def _too_few_nodes(self, launch) -> bool:
+        left = self._nodes_left(launch)
+        return left is not None and len(left) < launch.nodes
+
+    def _nodes_left(self, launch) -> list[str] | None:
+        """The partition's usable nodes not yet excluded; None when sinfo cannot say."""
         usable = usable_nodes(launch.partition)
-        return usable is not None and len([n for n in usable if n not in self.excluded]) < launch.nodes
+        return None if usable is None else [n for n in usable if n not in self.excluded]
 
     def _wait_for_nodes(self, launch, lost: list[str], wait_s: float) -> list[str] | None:
         """Up to ``wait_s`` for enough usable nodes (the lost one back, or others); the nodes left."""
@@ -140,8 +145,7 @@ class Restarts:
             what = f"node {','.join(lost)} to come back" if lost else f"{launch.nodes} usable node(s)"
             self.printer(f"waiting up to {wait_s:.0f} s (launch.elastic_wait_s) for {what}", flush=True)
         while True:
-            usable = usable_nodes(launch.partition)
-            left = None if usable is None else [n for n in usable if n not in self.excluded]
+            left = self._nodes_left(launch)
             if left is not None and len(left) >= launch.nodes or time.monotonic() >= deadline:
                 return left
             time.sleep(2)
