@@ -5,9 +5,11 @@ Layout: ``<run>/checkpoint/step-<N>/`` and ``<run>/checkpoint/latest.json`` nami
 complete one, with its format, strategy and world size. Two formats:
 - ``neutral`` (strategies whose options declare ``no_neutral_checkpoint = ""``): the model and the
   optimizer's per-parameter state by the plain model's names (``Engine.neutral_state``,
-  ``suite.strategies.neutral``) in ``model/``, written by torch.distributed.checkpoint (DCP), which
-  reads back whatever shards another strategy or world size holds; beside it ``rank<R>.pt`` with
-  each rank's loop position and RNG. Any neutral strategy at any world size resumes it.
+  ``suite.strategies.neutral``) in ``model/``: as one torch file per rank where every rank holds
+  whole tensors (``suite.train.rank_files``: replicated entries written once), else (DTensors:
+  FSDP2, tensor parallel) by torch.distributed.checkpoint (DCP); either is read back into whatever
+  shards another strategy or world size holds. Beside it ``rank<R>.pt`` with each rank's loop
+  position and RNG. Any neutral strategy at any world size resumes it.
 - ``rank`` (the others): ``rank<R>.pt`` holds each rank's whole engine state as well; only the
   same strategy at the same world size resumes it.
 The loop position is global (steps of the global batch, batches into the epoch, samples seen):
@@ -34,6 +36,7 @@ import torch.distributed as dist
 
 from suite.common.errors import SuiteError
 from suite.record import run_record
+from suite.train import rank_files
 import signal
 import threading
 import warnings
@@ -63,10 +66,8 @@ def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False)
     tmp = target / f".rank{ctx.rank}.pt.tmp"
     staged = None
     try:
-        if neutral and not background:  # collective: every rank writes its shards, rank 0 the metadata
-            with _one_process_is_fine():
-                import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
-                dcp.save(engine.neutral_state(), checkpoint_id=str(target / MODEL))
+        if neutral and not background:  # collective: every rank writes its part
+            _write_model(engine.neutral_state(), target / MODEL, ctx.rank, run=str(run_dir))
         elif not neutral:
             state["engine"] = engine.state_dict()
         torch.save(state, tmp)
@@ -96,6 +97,18 @@ def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False)
         dist.barrier()  # no rank runs ahead before rank 0 has switched latest.json
 
 
+def prepare(ctx, engine) -> None:
+    """Before training, for a run that saves every N steps (collective): import DCP (0.4-0.75 s,
+    once per process; the neutral state's ``get_state_dict`` needs it) and make the background
+    saves' gloo group (a rendezvous of its own), so that neither is paid inside the first save's
+    step and measured as training time."""
+    if engine.no_neutral_checkpoint:
+        return
+    # start-up: 0.75 s, paid only by runs that save checkpoints (the neutral state's get_state_dict)
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
+    _background_group()
+
+
 def _complete(run_dir: Path, ctx, entry: dict) -> None:
     """Rank 0: the checkpoint ``entry`` names is complete on every rank: switch latest.json to it
     and delete the older ones."""
@@ -112,6 +125,23 @@ def _complete(run_dir: Path, ctx, entry: dict) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _write_model(state: dict, where: Path, rank: int, group=None, run: str | None = None) -> None:
+    """The neutral state into ``where`` (collective over ``group``, else the default group): as
+    per-rank torch files where every rank's state is whole tensors (``rank_files``), else by
+    DCP (a DTensor's chunks, from whatever layout, with their metadata). Returns once every
+    rank's part is written."""
+    use_files, mine = rank_files.plan(state, group, run)
+    if not use_files:
+        # no warning to silence with a group given; without one, a single process is meant
+        with _one_process_is_fine():
+            import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
+            dcp.save(state, checkpoint_id=str(where), process_group=group)
+        return
+    rank_files.write(where, rank, mine)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.barrier(group=group)  # every rank's file is in place
+
+
 def _copy(state):
     """``state`` with every tensor cloned (a DTensor keeps its sharding: this rank's shard is copied)."""
     if isinstance(state, dict):
@@ -120,8 +150,8 @@ def _copy(state):
 
 
 class _Background(threading.Thread):
-    """Writes a background save (``dcp.save``: on rank 0 it returns once every rank has written its
-    part and the metadata is in place), then completes the checkpoint; an error is kept for
+    """Writes a background save (``_write_model``: it returns once every rank has written its
+    part), then completes the checkpoint; an error is kept for
     ``finish`` to raise. A daemon: a failing run does not wait for it at exit. (DCP's own
     ``async_save`` costs more on the training thread than a small model's whole save: 40 ms
     against 15 ms for benchmarks/base.yaml's cnn, measured on 2 cores.)"""
@@ -134,9 +164,7 @@ class _Background(threading.Thread):
 
     def run(self) -> None:
         try:
-            # no warning to silence: a process group is given (catch_warnings is not for threads)
-            import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
-            dcp.save(self.staged, checkpoint_id=str(self.where), process_group=self.group)
+            _write_model(self.staged, self.where, self.ctx.rank, self.group, run=str(self.run_dir))
             self.staged = None  # the copy is not kept past its write
             _complete(self.run_dir, self.ctx, self.entry)
         except BaseException as e:  # noqa: BLE001 - raised again by finish, on the training thread
@@ -233,9 +261,12 @@ def load(run_dir: Path, ctx, engine) -> dict | None:
         # Another strategy or world size: every rank takes rank 0's loop position and RNG (see above).
         state = torch.load(where / f"rank{ctx.rank if same else 0}.pt", map_location=ctx.device, weights_only=False)
         template = engine.neutral_state()  # this engine's own shards, by the plain model's names
-        with _one_process_is_fine():  # filled from whatever shards were saved
-            import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
-            dcp.load(template, checkpoint_id=str(where / MODEL))
+        if rank_files.present(where / MODEL):  # whole tensors, one file per rank
+            rank_files.fill(template, rank_files.read(where / MODEL))
+        else:
+            with _one_process_is_fine():  # filled from whatever shards were saved
+                import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
+                dcp.load(template, checkpoint_id=str(where / MODEL))
         engine.load_neutral_state(template)
     _set_rng_state(state["rng"])
     return state["loop"]
@@ -251,6 +282,9 @@ def saved_model(run_dir: Path) -> dict:
     where = folder(run_dir) / meta["folder"]
     if meta.get("format", "rank") == "rank":
         return torch.load(where / "rank0.pt", map_location="cpu", weights_only=False)["engine"]["model"]
+    if rank_files.present(where / MODEL):
+        return {key.removeprefix("model."): value.clone() for key, value in rank_files.read(where / MODEL).items()
+                if key.startswith("model.")}
     import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
     saved = dcp.FileSystemReader(str(where / MODEL)).read_metadata().state_dict_metadata
     model = {key.removeprefix("model."): torch.empty(tuple(m.size), dtype=m.properties.dtype)

@@ -72,6 +72,8 @@ class StepLoop:
             for key in self._STATE:
                 setattr(self, key, restored[key])
         self._allocated_until = self.step + allocated_steps
+        if getattr(self.tr, "checkpoint_every_steps", 0):  # its one-off costs before training, not in the first save's step
+            checkpoint.prepare(self.ctx, self.engine)
         box = [run_record.recorded_attempts(self.run_dir) if self.ctx.is_main else None]
         if self.ctx.world_size > 1:
             dist.broadcast_object_list(box, src=0)

@@ -67,6 +67,14 @@ def test_a_checkpoint_resumes_under_another_strategy_and_world(case, tmp_path, m
     saved = run_record.latest_checkpoint(tmp_path)
     assert (saved["step"], saved["format"], saved["strategy"], saved["world_size"]) == (4, "neutral", first["name"],
                                                                                        world_a)
+    # how the model was written: DCP where ranks hold DTensors, else one torch file per rank that holds
+    # entries no lower rank holds (data-parallel replicas once, a pipeline's two stages each)
+    model = run_record.checkpoint_folder(tmp_path) / saved["folder"] / "model"
+    files = sorted(p.name for p in model.glob("rank*.pt"))
+    if first["name"] in ("fsdp", "tensor"):
+        assert (model / ".metadata").exists() and files == [], files
+    else:
+        assert files == (["rank0.pt", "rank1.pt"] if first["name"] == "pipeline" else ["rank0.pt"]), files
     monkeypatch.delenv("SCALESUITE_FAIL_AT")
     run_ranks(rank_task.train, world_b, b, tmp_path)
 
