@@ -24,7 +24,6 @@ rank; ``load`` finds it) and to ``--out``; a table is printed.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from suite.planner.calibration import cache_dir, key
 from suite.planner.compute import compute_rates, model_rates
 import warnings
 import multiprocessing
+from suite.common import network
 from suite.common.errors import SuiteError
 
 MIN_BYTES = 4096
@@ -212,7 +212,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
                                                      for k, v in in_step.items())
                      + " (between " + "/".join(f"{s * 1e3:.2f}" for s, _ in next(iter(in_step.values()))) + " ms of compute)")
         hosts = [None] * ctx.world_size
-        dist.all_gather_object(hosts, socket.gethostname())
+        dist.all_gather_object(hosts, network.node_name())  # Slurm's node names where it runs there
         import torch  # start-up: torch loads on the ranks only
 
         return {"points": points, "in_step": in_step, "hosts": sorted(set(hosts)), "backend": ctx.backend,

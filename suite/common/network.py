@@ -8,12 +8,20 @@ namespace is often loopback: ranks on two nodes then cannot connect to each othe
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shutil
 import socket
 import subprocess
 
 from suite.common.errors import SuiteError
+
+
+def node_name() -> str:
+    """This node's name: Slurm's where a job runs on it (``SLURMD_NODENAME``: what ``--exclude``
+    takes; the nodes of an emulated cluster share one host name, and a cluster's host names may
+    differ from Slurm's), else the host name. Calibrations are kept and found by it."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def interfaces() -> list[str]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from pathlib import Path
 
+from suite.common import network
 from suite.record.run_record import write_json_atomic
 
 CALIBRATION_DIR = "calibration"
@@ -28,12 +28,14 @@ def key(hosts, backend: str, threads: int) -> str:
 
 
 def load(path=None, backend: str | None = None) -> dict | None:
-    """A calibration: ``path``, else this host's newest in the cache (of ``backend`` if given);
+    """A calibration: ``path``, else the newest in the cache that measured this node (Slurm's node
+    name on a Slurm node, else the host name; of ``backend`` if given);
     None when there is none."""
     if path:
         return json.loads(Path(path).read_text())
-    host = re.sub(r"[^A-Za-z0-9_.+-]", "_", socket.gethostname())
-    found = sorted(cache_dir().glob(f"*{host}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    host = re.sub(r"[^A-Za-z0-9_.+-]", "_", network.node_name())  # Slurm's node name on a Slurm node
+    found = sorted((p for p in cache_dir().glob("*.json") if host in re.split(r"[+]|-gloo-|-nccl-", p.stem)),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
     for p in found:
         try:
             c = json.loads(p.read_text())
