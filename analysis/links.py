@@ -41,7 +41,7 @@ def rows(folder: Path) -> list[dict]:
                           "world_size": summary["world_size"], "samples_per_s": summary.get("samples_per_s"),
                           "predicted_samples_per_s": predicted.get("samples_per_s"),
                           "step_time_s": summary.get("step_time_s"), "predicted_step_time_s": predicted.get("step_time_s"),
-                          "interface": _interface(summary_path.parent)})
+                          "interface": _interface(summary)})
     for row in found:  # against the same model's one-device run at the same rate
         single = next((r for r in found if r["link"] == row["link"] and r["model"] == row["model"]
                        and r["world_size"] == 1), None)
@@ -51,12 +51,10 @@ def rows(folder: Path) -> list[dict]:
     return found
 
 
-def _interface(run_dir: Path) -> str:
-    """The interface rank 0 talked on (``ranks/rank0.json``), '' if not recorded."""
-    try:
-        return json.loads((run_dir / "ranks" / "rank0.json").read_text()).get("network", {}).get("interface", "")
-    except (OSError, ValueError, AttributeError):
-        return ""
+def _interface(summary: dict) -> str:
+    """The interface rank 0 talked on (``summary.json``'s ``ranks[0].network``), '' if none (one rank)."""
+    ranks = summary.get("ranks") or [{}]
+    return (ranks[0].get("network") or {}).get("interface", "")
 
 
 def _fmt(v) -> str:

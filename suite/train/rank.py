@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite import recipe as recipes, strategies
-from suite.common import cpu_cap
+from suite.common import cpu_cap, network
 from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
@@ -266,7 +266,10 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
             "peak_allocated_bytes": peak_allocated,
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics(),
-            "cpu_quota": cpu_cap.quota_of_process()}  # CPUs it may use at most: launch.rank_cpu, a capped node
+            "cpu_quota": cpu_cap.quota_of_process(),  # CPUs it may use at most: launch.rank_cpu, a capped node
+            "node": network.node_name()}  # Slurm's node name where it runs there
+    if sdist.chosen_network is not None:  # the interface and address it talked on
+        mine["network"] = sdist.chosen_network
     own_loop = not isinstance(loop, StepLoop)  # a strategy's own loop (TensorFlow's) measures neither
     mine.update({} if own_loop else loop.time_split())  # compute vs collective time per step, batch share
     mine.update(loop.log.rank_fields(ctx, loop))  # utilisation, throughput, device

@@ -36,7 +36,7 @@ def test_the_link_study_measures_and_predicts_each_rate_and_restores_the_plain_c
     fast, slow = rows["10gbit", "mlp-ddp"], rows["1gbit", "mlp-ddp"]
     assert float(slow["samples_per_s"]) < float(fast["samples_per_s"]) / 2  # far less bandwidth, bandwidth-bound
     for row in (fast, slow):
-        assert row["interface"] == "veth-n1", row
+        assert row["interface"] == "veth-n1", row  # summary.json's ranks[0].network
         ratio = float(row["predicted_step_time_s"]) / float(row["step_time_s"])
         assert 0.5 < ratio < 2, row
         assert 0 < float(row["efficiency"]) < 1

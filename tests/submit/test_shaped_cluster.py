@@ -94,3 +94,6 @@ def test_a_2_node_run_records_the_veth_each_rank_talked_on(shaped_cluster, tmp_p
     assert networks[0]["interface"] == "veth-n1" and networks[0]["address"] == "198.18.0.11"
     assert networks[1]["interface"] == "veth-n2" and networks[1]["address"] == "198.18.0.12"
     assert networks[0]["master"] == networks[1]["master"] == "198.18.0.11"
+    # and summary.json's ranks[] says the same, with Slurm's node name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(r["node"], r["network"]["interface"]) for r in summary["ranks"]] == [("n1", "veth-n1"), ("n2", "veth-n2")]

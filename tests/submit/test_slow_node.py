@@ -1,0 +1,57 @@
+"""A Slurm node slowed on purpose (slurm/start.sh --node-cpu n2=25%: its slurmd, and so its jobs, in a
+cgroup v1 group with a CPU quota): a 2-node ddp run records the quota of the rank on n2, names that
+rank the straggler, and shows it computing longer while rank 0 waits in collectives. The plain
+cluster (slurm/stop.sh && slurm/start.sh) is started again at the end, for the other Slurm tests.
+Needs root, Slurm and cgroup v1's cpu controller; skipped, saying so, elsewhere."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from suite.common import cpu_cap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("sinfo") is None, reason="no Slurm here (sinfo not found); .ci/run starts one"),
+    pytest.mark.skipif(not (cpu_cap.CPU_ROOT / "cpu.cfs_quota_us").exists() or os.geteuid() != 0,
+                       reason="needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu"),
+]
+
+
+def _slurm(*args, timeout=120):
+    return subprocess.run(["bash", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def slow_node():
+    stop = _slurm("slurm/stop.sh")
+    assert stop.returncode == 0, stop.stderr
+    try:
+        start = _slurm("slurm/start.sh", "--node-cpu", "n2=25%")
+        assert start.returncode == 0, start.stdout + start.stderr
+        yield
+    finally:
+        _slurm("slurm/stop.sh")
+        again = _slurm("slurm/start.sh")
+        assert again.returncode == 0, again.stderr
+
+
+def test_a_run_on_a_capped_slurm_node_names_its_rank_the_straggler(slow_node, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "suite.submit", "benchmarks/base.yaml", "--out", str(tmp_path),
+                           "--executor", "slurm", "strategy={name: ddp}", "launch.nodes=2", "launch.tasks_per_node=1",
+                           "launch.cpus_per_task=1", "training.max_steps=12", "training.epochs=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if (p / "summary.json").exists()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    fast, slow = summary["ranks"]
+    assert (fast["node"], slow["node"]) == ("n1", "n2")
+    # 25 % of the node's CPUs (slurm.conf gives each node this machine's 2): under one CPU; n1 uncapped
+    assert 0 < slow["cpu_quota"] < 1 and not fast.get("cpu_quota"), summary["ranks"]
+    assert summary["straggler"]["rank"] == 1, summary["straggler"]
+    assert slow["compute_s"] > 1.5 * fast["compute_s"] and fast["collective_s"] > slow["collective_s"], summary["ranks"]
