@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from suite.record.run_record import rank_processes
+from tests import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE_GBIT = 1.0
@@ -48,26 +49,21 @@ dist.close()
 '''
 
 
-def _slurm(*args, timeout=120):
-    return subprocess.run(["bash", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def _namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def _no_namespaces_left():
+    gone = _namespaces()
+    assert "slurm-n" not in gone, f"stop.sh left namespaces: {gone}"
 
 
 @pytest.fixture(scope="module")
 def shaped_cluster():
-    stop = _slurm("slurm/stop.sh")
-    assert stop.returncode == 0, stop.stderr
-    try:
-        start = _slurm("slurm/start.sh", "--link", "1gbit")
-        assert start.returncode == 0, f"root and ip are here, but the shaped cluster did not start: {start.stderr}"
-        leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    with cluster.restarted("--link", "1gbit", after=_no_namespaces_left):
+        leftover = _namespaces()
         assert "slurm-n1" in leftover and "slurm-n2" in leftover
         yield
-    finally:
-        _slurm("slurm/stop.sh")
-        gone = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        again = _slurm("slurm/start.sh")
-        assert "slurm-n" not in gone, f"stop.sh left namespaces: {gone}"
-        assert again.returncode == 0, f"the plain cluster did not come back: {again.stderr}"
 
 
 def test_a_2_node_all_reduce_measures_the_link_rate(shaped_cluster, tmp_path):
