@@ -1,4 +1,4 @@
-"""A Slurm node slowed on purpose (slurm/start.sh --node-cpu n2=25%: its slurmd, and so its jobs, in a
+"""A Slurm node slowed on purpose (slurm/start.sh --node-cpu n2=10%: its slurmd, and so its jobs, in a
 cgroup v1 group with a CPU quota): a 2-node ddp run records the quota of the rank on n2, names that
 rank the straggler, and shows it computing longer while rank 0 waits in collectives. The plain
 cluster (slurm/stop.sh && slurm/start.sh) is started again at the end, for the other Slurm tests.
@@ -26,7 +26,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def slow_node():
-    with cluster.restarted("--node-cpu", "n2=25%"):
+    # 10 %: 0.2 CPU. At 25 % (0.5 CPU) the rank, which waits in collectives part of each step and so
+    # needs ~0.6 CPU, was barely held back: its compute 1.15-1.4x rank 0's, under the straggler's 1.2x in CI
+    with cluster.restarted("--node-cpu", "n2=10%"):
         yield
 
 
@@ -40,9 +42,9 @@ def test_a_run_on_a_capped_slurm_node_names_its_rank_the_straggler(slow_node, tm
     summary = json.loads((run_dir / "summary.json").read_text())
     fast, slow = summary["ranks"]
     assert (fast["node"], slow["node"]) == ("n1", "n2")
-    # 25 % of the node's CPUs (slurm.conf gives each node this machine's 2): under one CPU; n1 uncapped
+    # 10 % of the node's CPUs (slurm.conf gives each node this machine's 2): under one CPU; n1 uncapped
     assert 0 < slow["cpu_quota"] < 1 and not fast.get("cpu_quota"), summary["ranks"]
     assert summary["straggler"]["rank"] == 1, summary["straggler"]
-    # Not 4x: the quota is spent per 100 ms CFS period, so the capped rank stalls wherever it runs out,
-    # in its compute or in a collective (measured 1.34-1.4x compute, the fast rank waiting 1.6-2.2x longer)
+    # The quota is spent per 100 ms CFS period, so the capped rank stalls wherever it runs out, in its
+    # compute or in a collective: its compute is longer, by a ratio the stalls' places decide
     assert slow["compute_s"] > fast["compute_s"] and fast["collective_s"] > slow["collective_s"], summary["ranks"]
