@@ -33,15 +33,14 @@ def load(path=None, backend: str | None = None) -> dict | None:
     None when there is none."""
     if path:
         return json.loads(Path(path).read_text())
-    host = re.sub(r"[^A-Za-z0-9_.+-]", "_", network.node_name())  # Slurm's node name on a Slurm node
-    found = sorted((p for p in cache_dir().glob("*.json") if host in re.split(r"[+]|-gloo-|-nccl-", p.stem)),
-                   key=lambda p: p.stat().st_mtime, reverse=True)
+    node = network.node_name()  # Slurm's node name on a Slurm node
+    found = sorted(cache_dir().glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for p in found:
         try:
             c = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if backend is None or c.get("backend") == backend:
+        if node in (c.get("hosts") or []) and (backend is None or c.get("backend") == backend):
             return c
     return None
 

@@ -28,13 +28,6 @@ import torch
 import torch.distributed as dist
 
 
-def whole(state) -> bool:
-    """Whether ``state`` (a nested dict) holds no DTensor: then this format can write it."""
-    if isinstance(state, dict):
-        return all(whole(v) for v in state.values())
-    return not _is_dtensor(state)
-
-
 def flat(state, prefix: str = "") -> dict:
     """``{"model": {"a.w": t}}`` -> ``{"model.a.w": t}``: the keys the rank files hold."""
     out = {}
@@ -50,7 +43,8 @@ def plan(state: dict, group=None, run: str | None = None) -> tuple[bool, dict]:
     group): every rank's keys are gathered, once per ``run`` (a run's keys do not change between
     its saves, and a gather is two collectives that a background save would add to every
     training step it overlaps)."""
-    entries, is_whole = flat(state), whole(state)
+    entries = flat(state)
+    is_whole = not any(_is_dtensor(v) for v in entries.values())  # a DTensor is sharded: DCP writes it
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return is_whole, entries
     mine = (run, id(group), is_whole, tuple(entries))

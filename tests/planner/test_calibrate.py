@@ -323,8 +323,9 @@ def test_a_run_on_a_slurm_node_finds_the_calibration_taken_on_that_node_by_slurm
     folder = calibration.cache_dir()
     folder.mkdir(parents=True)
     host = socket.gethostname()
-    for name in (f"{host}-gloo-1threads", "n1+n2-gloo-2threads", "n10-gloo-1threads"):
-        (folder / f"{name}.json").write_text(json.dumps({"key": name, "backend": "gloo"}))
+    for name, hosts in ((f"{host}-gloo-1threads", [host]), ("n1+n2-gloo-2threads", ["n1", "n2"]),
+                        ("n10-gloo-1threads", ["n10"])):
+        (folder / f"{name}.json").write_text(json.dumps({"key": name, "backend": "gloo", "hosts": hosts}))
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     assert calibration.load()["key"] == f"{host}-gloo-1threads"
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
