@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline",
+_MODULES = ["single", "ddp", "allreduce", "fsdp", "fsdp1", "tensor", "layer_split", "pipeline", "pipedream_2bw", "fairscale_oss", "fairscale_pipe", "fairscale_fsdp", "zero", "ds_pipeline",
             "hogwild", "param_server", "tf_single", "tf_mirrored", "tf_mirrored_loop", "tf_multiworker", "horovod"]
 STRATEGIES = {}
 for _m in _MODULES:

@@ -95,6 +95,16 @@ def bubble_formula(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
+def message(tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tensor as the two messages a stage sends (``_recv`` reads them): a header of its rank and
+    shape (up to 8 dimensions), then the data, in the default dtype (float32, or float64 under fp64)."""
+    tensor = tensor.detach().to(torch.get_default_dtype()).contiguous()
+    header = torch.zeros(9, dtype=torch.int64, device=tensor.device)
+    header[0] = tensor.dim()
+    header[1:1 + tensor.dim()] = torch.tensor(tensor.shape)
+    return header, tensor
+
+
 class PipelineStageEngine(ModuleEngine):
     """This rank's stage of a torch.distributed.pipelining schedule."""
     def __init__(self, setup, module, stage, schedule, micro_batches, pp_group):
@@ -163,13 +173,8 @@ class PipelineStageEngine(ModuleEngine):
         return dist.get_global_rank(self.pp_group, stage_index)
 
     def _send(self, tensor, stage_index):
-        # the activations' dtype is the default one on both sides: float32, or float64 under fp64
-        tensor = tensor.detach().to(torch.get_default_dtype()).contiguous()
-        header = torch.zeros(9, dtype=torch.int64, device=tensor.device)
-        header[0] = tensor.dim()
-        header[1:1 + tensor.dim()] = torch.tensor(tensor.shape)
-        dist.send(header, self._peer(stage_index), group=self.pp_group)
-        dist.send(tensor, self._peer(stage_index), group=self.pp_group)
+        for part in message(tensor):
+            dist.send(part, self._peer(stage_index), group=self.pp_group)
 
     def _recv(self, stage_index):
         header = torch.zeros(9, dtype=torch.int64, device=self.setup.ctx.device)

@@ -63,7 +63,7 @@ SETUPS = {
     "single": ({}, 1, {}), "ddp": ({}, 2, {}), "allreduce": ({}, 2, {}), "fsdp": ({}, 2, {}),
     "fsdp1": ({}, 2, {}), "tensor": ({}, 2, {}), "layer_split": ({}, 1, TWO_DEVICES), "pipeline": (PIPE, 2, {}),
     "oss": ({}, 2, {}), "fairscale_pipe": ({"micro_batches": 4}, 1, TWO_DEVICES), "zero": ({}, 2, {}),
-    "ds_pipeline": (PIPE, 2, {}), "hogwild": ({}, 2, {}), "param_server": ({}, 2, {}),
+    "ds_pipeline": (PIPE, 2, {}), "pipedream_2bw": ({"micro_batches": 4}, 2, {}), "hogwild": ({}, 2, {}), "param_server": ({}, 2, {}),
     "tf_single": ({}, 1, {}), "tf_mirrored": ({}, 1, {}), "tf_mirrored_loop": ({}, 1, {}),
     "tf_multiworker": ({}, 2, {}), "fairscale_fsdp": ({}, 2, {}), "horovod": ({}, 2, {}),
 }
@@ -79,6 +79,8 @@ PREPARE = "tests/strategies/test_prepare.py::test_every_strategy_prepares_its_mo
 ASYNC = "tests/strategies/test_strategy_keys.py::test_asynchronous_strategies_honour_the_key_as_single_does"
 ASYNC_RESUME = "tests/strategies/test_strategy_keys.py::test_asynchronous_strategies_resume_from_periodic_checkpoints"
 RESUME = "tests/train/test_resume.py::test_periodic_checkpoints_let_a_crashed_run_resume"
+PIPEDREAM = "tests/strategies/test_pipedream_2bw.py::test_losses_follow_the_2bw_rule_exactly"
+PIPEDREAM_RESUME = "tests/strategies/test_pipedream_2bw.py::test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_losses"
 TORCH = {
     "training.grad_clip_norm": CLIP,
     "training.precision=bf16": "tests/strategies/test_clip.py::test_deepspeed_bf16_clips_by_the_whole_models_norm",
@@ -132,6 +134,14 @@ def decisions() -> dict[str, dict[str, str]]:
             keys.update({k: ASYNC for k in EFFECTS}, **{"training.checkpoint_every_steps": ASYNC_RESUME})
         if name in ("pipeline", "ds_pipeline"):  # they accumulate over strategy.micro_batches
             keys["training.grad_accumulation"] = REFUSED
+        if name == "pipedream_2bw":  # asynchronous: its own rule, tested against a one-process reference
+            keys.update({k: REFUSED for k in ("training.grad_clip_norm", "training.precision=bf16",
+                                              "training.grad_accumulation", "training.activation_checkpointing",
+                                              "training.compile")})
+            keys.update({k: PIPEDREAM for k in ("training.precision=fp64", "optimizer.schedule",
+                                                "optimizer.weight_decay", "optimizer.weight_decay=adam")})
+            keys["training.checkpoint_every_steps"] = PIPEDREAM_RESUME
+            keys["training.sync_batchnorm"] = "n/a: one pipeline, no data-parallel peers to sync batch norm over"
         if name in ("zero", "ds_pipeline"):  # DeepSpeed keeps float32 master weights (Options.no_fp64)
             keys["training.precision=fp64"] = REFUSED
         if name in ("ddp", "allreduce"):  # unequal batches: a full replica per rank, gradients averaged
