@@ -8,6 +8,7 @@ import os
 import statistics
 import time
 import multiprocessing
+from suite.common.threads import rank_threads
 
 
 def compute_rates(precision: str = "fp32") -> dict:
@@ -149,7 +150,7 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
         return {}
     out = {}
     for ranks in ranks_per_node:
-        threads = max(1, cores // ranks)
+        threads = rank_threads(cores, ranks, recipe.launch.cpus_per_task)
         rates = at_once(functools.partial(_rate, recipe, ranks, threads, step_flops), ranks)
         rates = [r for r in rates if r]
         if rates:

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 
+from suite.common import threads
 from suite.planner import compute
 from suite.planner.calibration import cache_dir
 from suite.record.run_record import write_json_atomic
@@ -225,10 +226,10 @@ def _copy_steps(recipe, threads, own, ready) -> dict:
     return time_step(recipe, threads, ready=ready, own_strategy=own)
 
 
-def rank_threads(calibration: dict, ranks_per_node: int) -> int:
+def rank_threads(calibration: dict, ranks_per_node: int, cpus_per_task: int | None = None) -> int:
     """The threads one rank gets on a node of the calibration's cores (``suite.train.dist``'s rule)."""
     cores = calibration["compute"].get("cores") or len(os.sched_getaffinity(0))
-    return max(1, cores // max(1, ranks_per_node))
+    return threads.rank_threads(cores, ranks_per_node, cpus_per_task)
 
 
 def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: int) -> dict:
@@ -237,22 +238,22 @@ def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: i
     is a preset of other hardware (``from_specs``: the model cannot be timed on it from here)."""
     if calibration.get("from_specs"):
         return calibration
-    threads = rank_threads(calibration, ranks_per_node)
+    n_threads = rank_threads(calibration, ranks_per_node, recipe.launch.cpus_per_task)
     cores = calibration["compute"].get("cores") or len(os.sched_getaffinity(0))
-    together = max(1, min(ranks_per_node, cores // threads, 8))  # the ranks that have a core; more share it (timing)
-    result = timed(recipe, threads, together)
+    together = max(1, min(ranks_per_node, cores // n_threads, 8))  # the ranks that have a core; more share it (timing)
+    result = timed(recipe, n_threads, together)
     if not result.get("flops_per_s"):
         return calibration
     overhead_s, strategy = 0.0, "single"
     if one_rank_recipe(recipe, own_strategy=True).strategy.name != "single":
         try:
-            own = timed(recipe, threads, together, own_strategy=True)
+            own = timed(recipe, n_threads, together, own_strategy=True)
             overhead_s, strategy = max(0.0, own["step_s"] - result["step_s"]), own["strategy"]
         except RuntimeError:  # the strategy fails as one rank: its rules alone say what it costs
             pass
     compute = dict(calibration["compute"])
     models = dict(compute.get("models") or {})
-    models[model_key] = {"flops_per_s": result["flops_per_s"], "threads": threads, "step_s": result["step_s"],
+    models[model_key] = {"flops_per_s": result["flops_per_s"], "threads": n_threads, "step_s": result["step_s"],
                          "rank_batch": result["batch"], "timed": "when predicted", "together": together,
                          "strategy": strategy, "overhead_s": overhead_s}
     compute["models"] = models

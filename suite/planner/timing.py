@@ -12,7 +12,8 @@
 rate: the recipe's model's rate measured by the calibration with as many ranks stepping at once
 on one node as the run puts there (``by_ranks_per_node``: each rank at its batch and threads, so
 thread scaling, batch size and the ranks' contention for the cores are measured). Else the matmul
-peak at the threads a rank gets (cores // ranks per node, and a share of the cores when more
+peak at the threads a rank gets (``launch.cpus_per_task``, else cores // ranks per node, as the
+ranks themselves choose: ``suite.common.threads``; and a share of the cores when more
 ranks than cores share a node), times the model's efficiency (its achieved rate over the peak at
 the same threads) when the calibration measured the model at all; the efficiency is then assumed
 not to change with batch size or thread count. Without either the peak is used, and the
@@ -46,6 +47,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from suite.common.errors import SuiteError
+from suite.common.threads import rank_threads
 from suite.planner import alpha_beta, hardware
 from suite.planner.profile import StepProfile
 import hashlib
@@ -97,13 +99,15 @@ def options_of(recipe) -> dict:
     layout = recipe.layout()
     return {"name": recipe.strategy.name, "stage": getattr(recipe.strategy, "stage", None), "strategy": recipe.strategy,
             "stages": layout.axes.get("pipeline", 1), "chunks": layout.pipeline_chunks,
-            "ranks_per_node": recipe.launch.tasks_per_node, "model": model_key(recipe), "device": recipe.launch.device,
+            "ranks_per_node": recipe.launch.tasks_per_node, "cpus_per_task": recipe.launch.cpus_per_task,
+            "model": model_key(recipe), "device": recipe.launch.device,
             "layout": layout, "precision": recipe.training.precision}
 
 
 def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = None,
-                 precision: str = "fp32") -> tuple[float, str]:
-    """(FLOP/s of one rank, how it was found)."""
+                 precision: str = "fp32", cpus_per_task: int | None = None) -> tuple[float, str]:
+    """(FLOP/s of one rank, how it was found), at the threads the rank will have
+    (``launch.cpus_per_task``, else its share of the node's cores)."""
     c = calibration["compute"]
     if c.get("per_device"):  # a preset (suite.planner.hardware): the device's peak x an assumed share
         peak = c["peak_flops_per_s_by_precision"][precision if precision in c["peak_flops_per_s_by_precision"] else "fp32"]
@@ -111,12 +115,12 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
                                         f"assumed achieved (from specs, not measured)")
     by_threads = {int(t): r for t, r in c["peak_flops_per_s_by_threads"].items()}
     cores = c["cores"]
-    threads = max(1, cores // max(1, ranks_per_node))
+    threads = rank_threads(cores, ranks_per_node, cpus_per_task)
     peak = by_threads.get(threads) or by_threads[max(by_threads)]
     share = core_share(cores, ranks_per_node, threads)
     m = (c.get("models") or {}).get(model) if model else None
     together = ((m or {}).get("by_ranks_per_node") or {}).get(str(max(1, ranks_per_node)))
-    if together:  # measured with as many ranks stepping at once: threads, batch and contention included
+    if together and together.get("threads", threads) == threads:  # measured with as many ranks stepping at once
         return together["flops_per_s"], (f"the model's rate measured with {together['ranks_per_node']} rank(s) "
                                           f"stepping at once, {together['threads']} thread(s) each")
     if m and m.get("timed") and m["threads"] == threads:  # suite.planner.model_time, at this rank's threads
@@ -223,7 +227,8 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     ranks_per_node (default: the world size, one node), model (to use its measured efficiency)."""
     options = {"name": profile.strategy, **(options or {})}
     ranks_per_node = options.get("ranks_per_node") or profile.world_size
-    rate, rate_note = compute_rate(calibration, ranks_per_node, options.get("model"), options.get("precision", "fp32"))
+    rate, rate_note = compute_rate(calibration, ranks_per_node, options.get("model"), options.get("precision", "fp32"),
+                                   options.get("cpus_per_task"))
     compute_s = profile.flops / rate
     timed = (calibration["compute"].get("models") or {}).get(options.get("model")) or {}
     if timed.get("strategy") == profile.strategy != "single":

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from suite.common import network
 from suite.common.errors import SuiteError
 from suite.common.ports import free_port
+from suite.common.threads import rank_threads
 from suite.strategies.context import DistContext
 
 
@@ -115,7 +116,7 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
         # Several "devices" of one CPU process are the same device; the split stays real in code.
         devices = tuple(torch.device("cpu") for _ in range(devices_per_task))
         backend = "gloo"
-    threads = cpus_per_task or max(1, len(os.sched_getaffinity(0)) // local_world)
+    threads = rank_threads(len(os.sched_getaffinity(0)), local_world, cpus_per_task)
     torch.set_num_threads(threads)
     if not dist.is_initialized():
         if world > 1 or interface is not None:

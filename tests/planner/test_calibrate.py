@@ -240,6 +240,20 @@ def test_rate_uses_threads_per_rank_core_share_and_the_models_efficiency():
     assert timing.compute_rate(cal, 4)[0] == 0.5e10  # four ranks on two cores: half a core each
     assert timing.compute_rate(cal, 1, "m-1")[0] == pytest.approx(1.6e10 * 0.25)  # 2.5e9 of 1e10 at 1 thread
     assert timing.compute_rate(cal, 1, "other")[0] == 1.6e10
+    # launch.cpus_per_task decides the threads, as in the ranks (suite.train.dist): one rank on one
+    # of two cores computes at the 1-thread rate, not both cores'
+    assert timing.compute_rate(cal, 1, cpus_per_task=1)[0] == 1e10
+    assert timing.compute_rate(cal, 1, "m-1", cpus_per_task=1)[0] == pytest.approx(2.5e9)  # timed at 1 thread
+    # two ranks of 2 threads each on 2 cores share them: half the 2-thread rate each
+    assert timing.compute_rate(cal, 2, cpus_per_task=2)[0] == pytest.approx(0.8e10)
+
+
+def test_the_prediction_options_carry_the_recipes_cpus_per_task():
+    from tests.parity import make_recipe
+
+    recipe = make_recipe({"name": "ddp"}, world_size=2, launch={"cpus_per_task": 1})
+    assert timing.options_of(recipe)["cpus_per_task"] == 1
+    assert timing.options_of(make_recipe({"name": "ddp"}, world_size=2))["cpus_per_task"] is None
 
 
 def test_single_rank_has_no_communication_cost():
