@@ -292,6 +292,10 @@ class Watch:
             # now reports down out; sacct's record of them may lag behind)
             self.failure = Failure(f"the job {why}{step}", restartable=state in _BROKEN and not self.cancelled_by_us,
                                    node=(self._nodes or None) if state == "NODE_FAIL" else None)
+            if state == "NODE_FAIL" and not self.local:
+                # Slurm requeues a batch job whose node failed: it would start this attempt again
+                # once nodes are back, beside the restart or after the run has failed for good.
+                self.job.cancel(check=False)
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}; rank 0's log: "

@@ -190,6 +190,35 @@ def test_a_job_slurm_requeued_after_a_node_failed_is_given_up_after_elastic_wait
     assert restart._failed_nodes(watch.failure, "77") == ["n2"]
 
 
+class _NodeFailedJob(_RequeuedJob):
+    """A Slurm job that ran and ended NODE_FAIL (which Slurm may still requeue: JobRequeue)."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = ["RUNNING", "NODE_FAIL"]
+
+    def task(self, k):
+        none = Path("/nonexistent")
+        paths = type("P", (), {"stdout": none, "stderr": none, "result_pickle": none, "folder": none})()
+        return type("T", (), {"paths": paths})()
+
+
+def test_a_job_ended_by_a_node_failure_is_cancelled_so_slurm_cannot_run_it_again(tmp_path, monkeypatch):
+    """Seen in CI: the follower restarted a NODE_FAIL job as a new job, and Slurm requeued the old
+    one and ran it again once the node was back, appending a third attempt to the finished run."""
+    from suite.common.errors import RunFailed
+    from suite.submit import follow
+
+    monkeypatch.setattr(follow, "squeue", lambda job, field: "n[1-2]" if field == "%N" else "")
+    job = _NodeFailedJob()
+    watch = follow.Watch(job, tmp_path, 1, printer=lambda *a, **k: None, state_every_s=0)
+    while not watch.poll():
+        pass
+    with pytest.raises(RunFailed, match="NODE_FAIL"):
+        watch.outcome()
+    assert watch.failure.restartable and job.cancelled
+
+
 def test_a_requeued_job_squeue_never_listed_is_given_the_nodes_its_ranks_recorded(tmp_path, monkeypatch):
     """squeue may not list a job's nodes when the follower first sees it running, and sacct shows a
     requeued job's NodeList as "None assigned": the nodes its ranks recorded stand in."""
