@@ -4,7 +4,6 @@ the planner can turn a step's profile into seconds; saved where the planner find
 (``suite.planner.calibration``)."""
 from __future__ import annotations
 
-import sys
 
 from suite.calibrate.measure import MAX_BYTES, MIN_BYTES, calibrate, table
 from suite.planner.calibration import save
@@ -50,4 +49,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from suite.common.exit import run_command
+
+    run_command(main)

@@ -89,4 +89,6 @@ def export_model(folder: Path, out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from suite.common.exit import run_command
+
+    run_command(main)

@@ -46,4 +46,6 @@ def _attempts(s: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from suite.common.exit import run_command
+
+    run_command(main)

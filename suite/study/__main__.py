@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -118,4 +117,6 @@ def _submit_all(recipes: dict, folder: Path, extra: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from suite.common.exit import run_command
+
+    run_command(main)

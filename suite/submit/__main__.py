@@ -1,5 +1,4 @@
-import sys
-
+from suite.common.exit import run_command
 from suite.submit.cli import main
 
-sys.exit(main())
+run_command(main)

@@ -81,4 +81,6 @@ def _recipes(args) -> list:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from suite.common.exit import run_command
+
+    run_command(main)
