@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,6 +24,8 @@ from suite.record.run_record import read_json, read_metrics
 from tests.harness import run_ranks
 
 TOLERANCE = 1e-10  # fp64, absolute, per step
+# Set by tests/run_kernel_sets.sh for its second kernel set: only the float32 comparisons run again.
+FP32_ONLY = "SCALESUITE_PARITY_FP32_ONLY"
 FP32_TOLERANCE = 1e-5  # fp32, absolute, per step: only where it holds under every CPU kernel set
 # The strategies that split the model over devices in one process (layer_split, fairscale_pipe) at world
 # size 1, or under DDP at world size 2: make_recipe(strategy, world_size, **TWO_DEVICES).
@@ -55,6 +58,10 @@ def make_recipe(strategy: dict, world_size: int = 1, precision: str | None = Non
             precision = "fp32"
     raw = {**BASE, **sections, "strategy": strategy}
     raw["training"] = {"precision": precision, **raw["training"]}
+    if os.environ.get(FP32_ONLY) and raw["training"]["precision"] == "fp64":
+        import pytest  # only under pytest: this module also serves the benchmarks
+
+        pytest.skip("float64 at 1e-10: no kernel set's rounding moves it (run under default, not again here)")
     raw["launch"] = {**raw.get("launch", {}), "tasks_per_node": world_size}
     return recipes.validate(raw)
 

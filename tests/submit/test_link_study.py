@@ -1,9 +1,10 @@
-"""The link study end to end (slurm/link_study.sh, short): the local Slurm restarted behind 10 Gbit/s
-and then 1 Gbit/s links, the links calibrated under Slurm on both nodes, the MLP's ddp arm (and
-its one-device baseline) run at each rate, and analysis.links' table and plots. At 1 Gbit/s the
-MLP's 6 MB of gradients take ~50 ms a step against ~5 ms of compute: its throughput must fall with
-the rate, its recorded prediction (from that rate's calibration) must be within 2x of it, and its
-ranks must have talked on the shaped veth. (The calibration's largest message, 4 MiB, must pass the
+"""The link study end to end (slurm/link_study.sh, short): the local Slurm restarted behind 1 Gbit/s
+links, the links calibrated under Slurm on both nodes, the MLP's ddp arm (and its one-device
+baseline) run, and analysis.links' table and plots. At 1 Gbit/s the MLP's 6 MB of gradients take
+~50 ms a step against ~5 ms of compute: 2 ranks must move fewer samples per second than one, its
+recorded prediction (from the rate's calibration) must be within 2x of its step time, and its ranks
+must have talked on the shaped veth. (One rate: each costs a minute; the script's loop over rates
+is the same code for every rate.) (The calibration's largest message, 4 MiB, must pass the
 token bucket's burst, 500 KB at 1 Gbit/s: with 1 MiB the fitted bandwidth came out 2x too high.) The script starts the plain cluster again at its end, for the other Slurm tests.
 Needs root, `ip` and `tc` (as tests/submit/test_shaped_cluster.py)."""
 import csv
@@ -27,19 +28,19 @@ pytestmark = [
 @pytest.mark.timeout(600)
 def test_the_link_study_measures_and_predicts_each_rate_and_restores_the_plain_cluster(tmp_path):
     out = tmp_path / "links"
-    proc = subprocess.run(["bash", "slurm/link_study.sh", "--rates", "10gbit,1gbit", "--arms", "mlp-ddp",
+    proc = subprocess.run(["bash", "slurm/link_study.sh", "--rates", "1gbit", "--arms", "mlp-ddp",
                            "--out", str(out), "training.max_steps=16"],
                           cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {(r["link"], r["arm"]): r for r in csv.DictReader((out / "links.csv").open())}
-    assert set(rows) == {(rate, arm) for rate in ("10gbit", "1gbit") for arm in ("mlp-single", "mlp-ddp")}
-    fast, slow = rows["10gbit", "mlp-ddp"], rows["1gbit", "mlp-ddp"]
-    assert float(slow["samples_per_s"]) < float(fast["samples_per_s"]) / 2  # far less bandwidth, bandwidth-bound
-    for row in (fast, slow):
-        assert row["interface"] == "veth-n1", row  # summary.json's ranks[0].network
-        ratio = float(row["predicted_step_time_s"]) / float(row["step_time_s"])
-        assert 0.5 < ratio < 2, row
-        assert 0 < float(row["efficiency"]) < 1
+    assert set(rows) == {("1gbit", arm) for arm in ("mlp-single", "mlp-ddp")}
+    row = rows["1gbit", "mlp-ddp"]
+    assert row["interface"] == "veth-n1", row  # summary.json's ranks[0].network
+    ratio = float(row["predicted_step_time_s"]) / float(row["step_time_s"])
+    assert 0.5 < ratio < 2, row
+    # Bandwidth-bound: 2 ranks move fewer samples per second than one device (efficiency < 0.5);
+    # unshaped, the same arm scales (tests/submit/test_shaped_cluster.py measures the rates themselves).
+    assert 0 < float(row["efficiency"]) < 0.5, row
     assert (out / "links-samples-per-s.png").stat().st_size > 0 and (out / "links-efficiency.png").stat().st_size > 0
     sinfo = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
     assert sinfo.stdout.split() and set(sinfo.stdout.split()) <= {"idle", "mixed", "allocated"}, sinfo.stdout
