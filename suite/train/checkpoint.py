@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import random
 import shutil
 from pathlib import Path
@@ -56,45 +57,57 @@ def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False)
     not interleave with training's); ``latest.json`` switches once it is complete.
     At most one is in flight: a save (and ``finish``) first waits for the one before. The loop
     saves in the foreground when the process is about to end (preemption, cancel)."""
-    finish(ctx, run_dir)
+    neutral = not engine.no_neutral_checkpoint
+    background = background and neutral
+    finish(ctx, run_dir, barrier=not background)
     step = loop_state["step"]
     target = folder(run_dir) / f"step-{step}"
     target.mkdir(parents=True, exist_ok=True)
-    neutral = not engine.no_neutral_checkpoint
-    background = background and neutral
-    state = {"loop": loop_state, "rng": _rng_state()}
-    tmp = target / f".rank{ctx.rank}.pt.tmp"
+    state = {"loop": dict(loop_state), "rng": _rng_state()}
     staged = None
     try:
-        if neutral and not background:  # collective: every rank writes its part
-            _write_model(engine.neutral_state(), target / MODEL, ctx.rank, run=str(run_dir))
-        elif not neutral:
-            state["engine"] = engine.state_dict()
-        torch.save(state, tmp)
-        _maybe_die_while_saving(ctx.rank, step)
-        os.replace(tmp, target / f"rank{ctx.rank}.pt")
-        if background:  # the copy the thread writes while training changes the original
+        if background:  # copies now (training changes the originals); every file is the thread's
             staged = _copy(engine.neutral_state())
+        else:
+            if neutral:  # collective: every rank writes its part
+                _write_model(engine.neutral_state(), target / MODEL, ctx.rank, run=str(run_dir))
+            else:
+                state["engine"] = engine.state_dict()
+            _write_rank_file(state, target, ctx.rank, step)
     except Exception as e:
-        tmp.unlink(missing_ok=True)  # give back what the half-written file took
         if not _disk_full_error(e):
             raise
         raise SuiteError(_disk_full(run_dir, ctx.rank, step)) from None
     if ctx.world_size > 1:
-        dist.barrier()  # every rank's file is in place (and its model staged) before latest.json may say so
-    # Every rank logged its records up to this step before the barrier: a resumed run keeps
-    # metrics.jsonl up to here and drops what the stopped attempt logged after (it is redone).
+        # Every rank logged its records up to this step (and, in the foreground, wrote its files)
+        # before this barrier: a resumed run keeps metrics.jsonl up to here and drops what the
+        # stopped attempt logged after (it is redone). A background save's files are in place on
+        # every rank once its thread passes its own group's barrier, before latest.json switches.
+        dist.barrier()
     records = Path(run_dir) / "metrics.jsonl"
     entry = {"step": step, "world_size": ctx.world_size, "folder": target.name,
              "format": "neutral" if neutral else "rank", "strategy": engine.strategy,
              "metrics_bytes": records.stat().st_size if records.exists() else 0}
     if staged is not None:
         global _pending
-        _pending = _Background(run_dir, ctx, entry, staged, target / MODEL, _background_group())
+        _pending = _Background(run_dir, ctx, entry, staged, target, state, _background_group())
         return
     _complete(run_dir, ctx, entry)
     if ctx.world_size > 1:
         dist.barrier()  # no rank runs ahead before rank 0 has switched latest.json
+
+
+def _write_rank_file(state: dict, target: Path, rank: int, step: int) -> None:
+    """``rank<R>.pt`` (loop position, RNG, a rank-format engine state), written aside and moved
+    into place: a crash at any moment leaves no half file."""
+    tmp = target / f".rank{rank}.pt.tmp"
+    try:
+        torch.save(state, tmp)
+        _maybe_die_while_saving(rank, step)
+        os.replace(tmp, target / f"rank{rank}.pt")
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # give back what the half-written file took
+        raise
 
 
 def prepare(ctx, engine) -> None:
@@ -107,6 +120,7 @@ def prepare(ctx, engine) -> None:
     # start-up: 0.75 s, paid only by runs that save checkpoints (the neutral state's get_state_dict)
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     _background_group()
+    _writer()
 
 
 def _complete(run_dir: Path, ctx, entry: dict) -> None:
@@ -149,42 +163,71 @@ def _copy(state):
     return state.detach().clone() if torch.is_tensor(state) else state
 
 
-class _Background(threading.Thread):
-    """Writes a background save (``_write_model``: it returns once every rank has written its
-    part), then completes the checkpoint; an error is kept for
-    ``finish`` to raise. A daemon: a failing run does not wait for it at exit. (DCP's own
-    ``async_save`` costs more on the training thread than a small model's whole save: 40 ms
-    against 15 ms for benchmarks/base.yaml's cnn, measured on 2 cores.)"""
+class _Background:
+    """A background save, written by the process's writer thread (``_writer``): this rank's
+    ``rank<R>.pt``, then its part of the model (``_write_model``: it returns once every rank has
+    written its part, so every rank's files are in place), then the checkpoint completed; an error
+    is kept for ``finish`` to raise. The training thread only copies the state, passes one barrier
+    and hands the save over. (DCP's own ``async_save`` costs more on the training thread than a
+    small model's whole save: 40 ms against 15 ms for benchmarks/base.yaml's cnn, on 2 cores.)"""
 
-    def __init__(self, run_dir: Path, ctx, entry: dict, staged: dict, where: Path, group):
-        super().__init__(name="scalesuite-checkpoint", daemon=True)
+    def __init__(self, run_dir: Path, ctx, entry: dict, staged: dict, target: Path, rank_state: dict, group):
         self.run_dir, self.ctx, self.entry, self.error = run_dir, ctx, entry, None
-        self.staged, self.where, self.group = staged, where, group
-        self.start()
+        self.staged, self.target, self.rank_state, self.group = staged, target, rank_state, group
+        self.done = threading.Event()
+        _writer().put(self)
 
     def run(self) -> None:
         try:
-            _write_model(self.staged, self.where, self.ctx.rank, self.group, run=str(self.run_dir))
+            _write_rank_file(self.rank_state, self.target, self.ctx.rank, self.entry["step"])
+            _write_model(self.staged, self.target / MODEL, self.ctx.rank, self.group, run=str(self.run_dir))
             self.staged = None  # the copy is not kept past its write
             _complete(self.run_dir, self.ctx, self.entry)
         except BaseException as e:  # noqa: BLE001 - raised again by finish, on the training thread
             self.error = e
+        finally:
+            self.done.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.done.wait(timeout)
+
+
+_queue: tuple[int, queue.Queue] | None = None  # (the process it serves, the queue)
+
+
+def _writer() -> queue.Queue:
+    """The queue of the process's one writer thread (started on first use, or by ``prepare``
+    before training): starting a thread for every save cost the training thread 0.7-1.9 ms. A
+    daemon: a failing run does not wait for it at exit. A forked child (a warm rank) starts its
+    own: threads do not survive a fork."""
+    global _queue
+    if _queue is None or _queue[0] != os.getpid():
+        _queue = (os.getpid(), queue.Queue())
+
+        def serve(jobs: queue.Queue) -> None:
+            while True:
+                jobs.get().run()
+
+        threading.Thread(target=serve, args=(_queue[1],), name="scalesuite-checkpoint", daemon=True).start()
+    return _queue[1]
 
 
 _pending: _Background | None = None
 _group = (None, None)  # (the default process group it belongs to, the background saves' gloo group)
 
 
-def finish(ctx, run_dir: Path | None = None) -> None:
+def finish(ctx, run_dir: Path | None = None, barrier: bool = True) -> None:
     """Wait for the background save in flight, if any (collective: ``save`` and the loop's end call
     it on every rank); a full disk there is the one-line SuiteError a foreground save gives. With ``run_dir``, one of
-    another run (a failed run's, in a process that trains the next point of a sweep) is dropped."""
+    another run (a failed run's, in a process that trains the next point of a sweep) is dropped.
+    ``barrier=False`` (before the next background save): each rank waits for its own thread only;
+    the threads' own group keeps the saves in order."""
     global _pending
     pending, _pending = _pending, None
     if pending is None or (run_dir is not None and Path(pending.run_dir) != Path(run_dir)):
         return
     pending.join()
-    if ctx.world_size > 1:
+    if barrier and ctx.world_size > 1:
         dist.barrier()  # every rank saved it: from here on every rank reads rank 0's latest.json
     if pending.error is None:
         return
