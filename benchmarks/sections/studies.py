@@ -1,7 +1,8 @@
 """The study recipes' cpu profiles end to end: each study through ``python -m suite.study``, every
 arm a completed run with a row in the report's runs table and every published figure a row in
 "published vs ours". tests/commands/test_study.py runs the Fashion-MNIST study; the others take
-5-15 minutes each on 2 cores, too long for the test suite, so they run here."""
+54-141 s each on 2 cores (4.6 minutes for the three, 42 arms: 2026-11-26), too long for the
+test suite, so they run here."""
 from __future__ import annotations
 
 import csv
