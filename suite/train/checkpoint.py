@@ -100,14 +100,7 @@ def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False)
 def _write_rank_file(state: dict, target: Path, rank: int, step: int) -> None:
     """``rank<R>.pt`` (loop position, RNG, a rank-format engine state), written aside and moved
     into place: a crash at any moment leaves no half file."""
-    tmp = target / f".rank{rank}.pt.tmp"
-    try:
-        torch.save(state, tmp)
-        _maybe_die_while_saving(rank, step)
-        os.replace(tmp, target / f"rank{rank}.pt")
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # give back what the half-written file took
-        raise
+    rank_files.save_aside(state, target / f"rank{rank}.pt", before_replace=lambda: _maybe_die_while_saving(rank, step))
 
 
 def prepare(ctx, engine) -> None:

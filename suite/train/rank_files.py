@@ -65,12 +65,21 @@ def write(folder: Path, rank: int, entries: dict) -> None:
     """This rank's file, written aside and moved into place (a crash leaves no half file); none
     where the rank holds nothing of its own (a data-parallel replica above rank 0)."""
     folder.mkdir(parents=True, exist_ok=True)
-    if not entries:
-        return
-    tmp = folder / f".rank{rank}.pt.tmp"
+    if entries:
+        save_aside(entries, folder / f"rank{rank}.pt")
+
+
+def save_aside(obj, path: Path, before_replace=None) -> None:
+    """``torch.save`` to a hidden file beside ``path``, then moved into place (an atomic replace):
+    a crash at any moment leaves the old file or the new one, never half of one; a failed write
+    gives back what the half-written file took. ``before_replace()`` runs between the two (the
+    tests' fault injection)."""
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        torch.save(entries, tmp)
-        os.replace(tmp, folder / f"rank{rank}.pt")
+        torch.save(obj, tmp)
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
