@@ -13,7 +13,7 @@ from suite.strategies import _deepspeed
 from tests.harness import run_ranks
 from tests.parity import BASE, FP32_TOLERANCE, assert_matches, make_recipe, step_losses, tolerance
 from tests.recipe.test_recipe_errors import assert_one_line, run_cli
-from tests.train.test_resume import run_until_stopped
+from tests.train.test_resume import crash_at_step_7_then_resume, run_until_stopped
 
 _deepspeed.preload()  # once here, not once per forked rank
 
@@ -124,11 +124,7 @@ def test_a_run_resumed_mid_schedule_continues_the_same_lrs_and_losses(tmp_path, 
     whole.mkdir()
     cut.mkdir()
     assert run_ranks(run_until_stopped, 2, recipe, whole) == ["completed"] * 2
-    monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:7")
-    with pytest.raises(AssertionError, match="raised"):
-        run_ranks(run_until_stopped, 2, recipe, cut)
-    monkeypatch.delenv("SCALESUITE_FAIL_AT")
-    assert run_ranks(run_until_stopped, 2, recipe, cut) == ["completed"] * 2
+    crash_at_step_7_then_resume(recipe, cut, monkeypatch, match="raised")
 
     def by_step(run_dir):
         latest = {r["step"]: (r["lr"], r["global_loss"]) for r in read_metrics(run_dir, kind="step", rank=0)}

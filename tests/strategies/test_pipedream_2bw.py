@@ -12,12 +12,10 @@ import pytest
 import torch
 
 from suite.common.errors import SuiteError
-from suite.record import run_record
 from suite.strategies import single
 from suite.strategies.base import ModuleEngine
-from tests.harness import run_ranks
 from tests.parity import assert_matches, make_recipe, step_losses
-from tests.train.test_resume import run_until_stopped, steps_by_number
+from tests.train.test_resume import crash_at_step_7_then_resume, steps_by_number
 
 DEEPER = {"model": {"name": "mlp", "hidden": [32, 32, 32]}}  # enough blocks for 3 stages
 # Options the update must honour (the lr schedule and weight decay are applied at each stage's
@@ -104,12 +102,7 @@ def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_losses(tmp_path, 
     recipe = make_recipe(strategy, world_size=2, **saving)
     cut = tmp_path / "cut"
     cut.mkdir()
-    monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:7")
-    with pytest.raises(AssertionError, match="injected failure"):
-        run_ranks(run_until_stopped, 2, recipe, cut)
-    assert run_record.latest_checkpoint(cut)["step"] == 4
-    monkeypatch.delenv("SCALESUITE_FAIL_AT")
-    assert run_ranks(run_until_stopped, 2, recipe, cut) == ["completed"] * 2
+    assert crash_at_step_7_then_resume(recipe, cut, monkeypatch) == 4
     assert_matches(steps_by_number(cut), whole)
 
 

@@ -260,17 +260,10 @@ def test_asynchronous_strategies_resume_from_periodic_checkpoints(strategy, tmp_
     """training.checkpoint_every_steps: a run that crashes after step 7 resumes from the checkpoint
     of step 4 to the losses of an uninterrupted run (param_server saves the server's parameters,
     optimizer and version; hogwild the shared model)."""
-    from suite.record import run_record
-    from tests.harness import run_ranks
-    from tests.train.test_resume import run_until_stopped, steps_by_number
+    from tests.train.test_resume import crash_at_step_7_then_resume, steps_by_number
 
     recipe = parity_recipe(strategy, {"training": {"checkpoint_every_steps": 4, "max_steps": 12}})
     whole = step_losses(parity_recipe(strategy, {"training": {"max_steps": 12}}), tmp_path / "whole")
     (tmp_path / "cut").mkdir()
-    monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:7")
-    with pytest.raises(AssertionError, match="injected failure"):
-        run_ranks(run_until_stopped, 1, recipe, tmp_path / "cut")
-    assert run_record.latest_checkpoint(tmp_path / "cut")["step"] == 4
-    monkeypatch.delenv("SCALESUITE_FAIL_AT")
-    assert run_ranks(run_until_stopped, 1, recipe, tmp_path / "cut") == ["completed"]
+    assert crash_at_step_7_then_resume(recipe, tmp_path / "cut", monkeypatch) == 4
     assert steps_by_number(tmp_path / "cut") == pytest.approx(whole, abs=1e-7)

@@ -25,6 +25,19 @@ def run_until_stopped(recipe, run_dir):
     return "completed"
 
 
+def crash_at_step_7_then_resume(recipe, run_dir, monkeypatch, match: str = "injected failure"):
+    """Rank 0 fails after step 7 (``SCALESUITE_FAIL_AT``), then the run resumes in the same folder
+    to completion; the step of the checkpoint that was the latest after the crash (None: none)."""
+    world = recipe.world_size
+    monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:7")
+    with pytest.raises(AssertionError, match=match):
+        run_ranks(run_until_stopped, world, recipe, run_dir)
+    saved = (run_record.latest_checkpoint(run_dir) or {}).get("step")
+    monkeypatch.delenv("SCALESUITE_FAIL_AT")
+    assert run_ranks(run_until_stopped, world, recipe, run_dir) == ["completed"] * world
+    return saved
+
+
 def steps_by_number(run_dir):
     latest = {}
     for rec in read_metrics(run_dir, kind="step", rank=0):  # a later attempt's line wins
@@ -73,10 +86,5 @@ def test_preempted_run_resumes_to_the_same_losses(strategy, wandb, tmp_path, mon
 def test_periodic_checkpoints_let_a_crashed_run_resume(tmp_path, monkeypatch):
     recipe = make_recipe({"name": "ddp"}, world_size=2, **{**RESUMABLE, "training": {
         **RESUMABLE["training"], "checkpoint_every_steps": 4}})
-    monkeypatch.setenv("SCALESUITE_FAIL_AT", "0:7")
-    with pytest.raises(AssertionError, match="raised"):
-        run_ranks(run_until_stopped, 2, recipe, tmp_path)
-    assert run_record.latest_checkpoint(tmp_path)["step"] == 4
-    monkeypatch.delenv("SCALESUITE_FAIL_AT")
-    assert run_ranks(run_until_stopped, 2, recipe, tmp_path) == ["completed"] * 2
+    assert crash_at_step_7_then_resume(recipe, tmp_path, monkeypatch, match="raised") == 4
     assert len(steps_by_number(tmp_path)) == 16
