@@ -21,7 +21,6 @@ synchronous schedules (GPipe, 1F1B with a flush: PipeDream-Flush) and data x pip
 """
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import torch.distributed as dist
 from pydantic import PositiveInt
 
 from suite.common.errors import SuiteError
+from suite.record import metrics
 from suite.record.metrics import optimizer_state_bytes, tensor_bytes
 from suite.strategies import costs
 from suite.strategies.base import StrategyOptions
@@ -176,7 +176,7 @@ class PipeDream2BWEngine(PipelineStageEngine):
         self.batch += 1
         self._reap()
         wall_s = time.perf_counter() - wall0
-        self.bubble_fractions.append(max(0.0, 1.0 - self.busy / wall_s) if wall_s > 0 else 0.0)
+        self.bubble_fractions.append(metrics.bubble_fraction(self.busy, wall_s))
         self.busy_s.append(self.busy)
         if not self.stage.is_last:
             return StepResult(loss=None, samples=0)
@@ -273,14 +273,11 @@ class PipeDream2BWEngine(PipelineStageEngine):
         if not self.aborted:
             self.drain()
 
-    def extra_metrics(self) -> dict:
-        fractions = self.bubble_fractions[1:] or self.bubble_fractions
-        busy = self.busy_s[1:] or self.busy_s
-        return {"stage": self.stage.stage_index, "stages": self.stages, "micro_batches": self.micro_batches,
-                "schedule": "PipeDream-2BW (1F1B, no flush)",
-                "bubble_fraction": statistics.median(fractions) if fractions else None,
-                "bubble_fraction_formula": 0.0, "stage_busy_s": statistics.median(busy) if busy else None}
+    def schedule_name(self) -> str:
+        return "PipeDream-2BW (1F1B, no flush)"
 
+    def bubble_formula(self) -> float:
+        return 0.0  # no flush between batches: no bubble in the steady state
 
 def build(opts: Options, setup) -> PipeDream2BWEngine:
     ctx, layout = setup.ctx, setup.layout

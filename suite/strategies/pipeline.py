@@ -189,10 +189,17 @@ class PipelineStageEngine(ModuleEngine):
         fractions = self.bubble_fractions[1:] or self.bubble_fractions
         busy = self.busy_s[1:] or self.busy_s
         return {"stage": self.stage.stage_index, "stages": self.stages, "micro_batches": self.micro_batches,
-                "schedule": self.schedule.__class__.__name__,
+                "schedule": self.schedule_name(),
                 "bubble_fraction": statistics.median(fractions) if fractions else None,
-                "bubble_fraction_formula": bubble_formula(self.stages, self.micro_batches),
+                "bubble_fraction_formula": self.bubble_formula(),
                 "stage_busy_s": statistics.median(busy) if busy else None}
+
+    def schedule_name(self) -> str:
+        return self.schedule.__class__.__name__
+
+    def bubble_formula(self) -> float:
+        """The idle fraction the schedule's textbook formula gives, reported beside the measured one."""
+        return bubble_formula(self.stages, self.micro_batches)
 
 
 def build(opts: Options, setup) -> PipelineStageEngine:
