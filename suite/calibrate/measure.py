@@ -9,7 +9,7 @@ so that the planner can turn a ``StepProfile`` into seconds (``suite.planner.tim
   stepping at once on this node, FLOPs counted as the runs count them (``suite.record.flops``)
   over the median time.
 - collectives: every kind of ``alpha_beta.MEASURED`` at each ``--world-size`` (default 2) over
-  message sizes 4 KB .. ``--max-bytes`` (x4 apart), the median of repetitions of each, then
+  message sizes 4 KB .. ``--max-bytes`` (x4 apart), the lower quartile of repetitions of each, then
   alpha and beta fitted per kind (``alpha_beta.fit``; the formulas and their assumption there).
 
 Ranks: local (the default, and a RECIPE with launch.executor=local) start as plain processes
@@ -39,7 +39,7 @@ from suite.common.errors import SuiteError
 MIN_BYTES = 4096
 MAX_BYTES = 64 * 2**20
 WARMUP = 3  # untimed calls per size: the first calls of a kind are several times slower
-ROUNDS = 7  # timed calls per size (median taken), interleaved over sizes (time_collectives)
+ROUNDS = 7  # timed calls per size (lower quartile taken), interleaved over sizes (time_collectives)
 SMALL_CALLS = 3  # messages under SMALL_BYTES get this many per round: latency-bound, noisy, cheap
 SMALL_BYTES = 2**20
 IN_STEP_CALLS = 24  # small calls, each after a slice of compute, per timed round (time_in_step)
@@ -94,8 +94,15 @@ def _op(kind: str, n_bytes: int, world: int, rank: int):
 
 
 def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None) -> dict:
-    """{kind: [(bytes, median seconds), ...]}: each size's per-call time, the slowest rank's median
-    (a collective ends for the job when its slowest rank is done).
+    """{kind: [(bytes, seconds), ...]}: each size's per-call time, the lower quartile of its calls
+    on the slowest rank (a collective ends for the job when its slowest rank is done).
+
+    The lower quartile, not the median: on a machine with as many ranks as cores a call waits for
+    its peer to be scheduled (3-4 ms) in up to half of the repetitions (measured on 2 cores: 7-10
+    of 21 calls of 4-256 KiB), so the median of a size flips between the link's time and a
+    time slice from one calibration to the next (a 256 KiB send at 1.4 ms where 64 KiB took
+    0.06 ms; its bandwidth then held every send to 190 MB/s). These fits describe the link; what
+    such waits add to a call inside a step is measured on its own (``time_in_step``).
 
     The sizes of a kind are timed in rounds (every size once per round, ``ROUNDS`` rounds) rather
     than one size after another, so that a busy spell of the machine slows one call of every size
@@ -117,9 +124,9 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None)
                     t0 = time.perf_counter()
                     call()
                     times[i].append(time.perf_counter() - t0)
-        medians = torch.tensor([statistics.median(t) / (2 if kind == "send" else 1) for t in times], dtype=torch.float64)
-        dist.all_reduce(medians, op=dist.ReduceOp.MAX)
-        out[kind] = [(n, float(t)) for n, t in zip(message_sizes, medians)]
+        quartiles = torch.tensor([sorted(t)[len(t) // 4] / (2 if kind == "send" else 1) for t in times], dtype=torch.float64)
+        dist.all_reduce(quartiles, op=dist.ReduceOp.MAX)
+        out[kind] = [(n, float(t)) for n, t in zip(message_sizes, quartiles)]
         if progress:
             progress(f"  {kind:<15} " + "  ".join(f"{n / 2**10:.0f} KiB {t * 1e3:.3f} ms" for n, t in out[kind]))
     return out
