@@ -1,5 +1,6 @@
 """The model's compute, timed when a prediction is made: a few training steps of the user's own
-model at the batch one rank computes at once (the layout's accumulation batch), on the threads one
+model at the batch one rank computes at once (the layout's accumulation batch; a pipeline's in its
+chunks, one after another), on the threads one
 rank gets, through the suite's own Engine of one rank. What Alpa, Galvatron and DeepSpeed's
 autotuner do: time the compute of the model at hand rather than assume a share of the machine's
 peak.
@@ -72,7 +73,12 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
     # Its degrees dropped: one rank of each (tensor parallelism's machinery runs at tp 1 too).
     strategy = {k: v for k, v in raw["strategy"].items() if k not in DEGREES} if alone else single
     raw["launch"] = {**raw["launch"], "executor": "local", "nodes": 1, "tasks_per_node": 1}
-    raw["training"] = {**raw["training"], "batch_size": layout.accumulation_batch, "grad_accumulation": 1}
+    # A pipeline's stage runs its chunks one after another (forward and backward of chunk_batch
+    # samples each) and steps once: timed so, as accumulation passes, the per-call cost of a small
+    # chunk (a model of a few ms: 2-3x its share of the whole batch's time) and the efficiency of a
+    # convolution at the chunk's batch are the stage's, not those of the whole batch at once.
+    chunks = layout.pipeline_chunks if layout.degree("pipeline") > 1 else 1
+    raw["training"] = {**raw["training"], "batch_size": layout.accumulation_batch, "grad_accumulation": chunks}
     for key in ("balance", "balance_shares"):  # per-rank batch shares do not apply to one rank
         raw["training"].pop(key, None)
     try:
@@ -86,7 +92,8 @@ def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = Fals
     text = json.dumps({"model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
                        "strategy": single.strategy.model_dump(mode="json"),
                        "optimizer": single.optimizer.model_dump(mode="json"),
-                       "batch": single.training.batch_size, "precision": single.training.precision,
+                       "batch": single.training.batch_size, "passes": single.training.grad_accumulation,
+                       "precision": single.training.precision,
                        "checkpointing": single.training.activation_checkpointing,
                        "device": single.launch.device, "threads": threads, "together": together}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

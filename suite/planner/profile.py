@@ -41,6 +41,7 @@ class StepProfile:
     copy_bytes: int = 0
     source: str = "fake"            # "fake": measured on fake tensors; "analytic": a formula
     notes: str = ""                 # e.g. why a figure is analytic
+    stage_share: float | None = None  # the busiest pipeline stage's share of the model's FLOPs (None: not cut)
 
     def to_dict(self) -> dict:
         return asdict(self)

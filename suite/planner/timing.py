@@ -7,6 +7,8 @@
                 long as this step's compute over its calls (alpha_beta.step_alpha)
     exposed   = comm_s - hidden,  hidden = min(Σ_k overlap_k · comm_k, window of compute)
     step_s    = compute_s / (1 - bubble) + copy_s + exposed_comm_s
+                bubble: (K-1)/(M+K-1) for K balanced stages and M chunks; less where the busiest
+                stage does more than 1/K of the compute (``pipeline_bubble``)
     samples/s = profile.samples / step_s
 
 rate: the recipe's model's rate measured by the calibration with as many ranks stepping at once
@@ -220,6 +222,23 @@ def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> b
     return ranks * max(1, cores // ranks) == cores
 
 
+def pipeline_bubble(stages: int, chunks: int, busiest_share: float | None = None) -> float:
+    """The share of a pipeline step its busiest stage idles, for ``stages`` K and ``chunks`` M.
+
+    A flushed pipeline (GPipe, 1F1B) with t_i per chunk on stage i steps in (M-1)·max t + Σ t:
+    the busiest stage's M chunks, and every other stage's one chunk while the first fills and
+    the last drains. Balanced (each stage 1/K of the model) that is the textbook (K-1)/(M+K-1).
+    A split whose busiest stage does a share s of the compute (VGG cut by parameters: the early
+    convolutions hold few weights and most FLOPs) idles less: the other stages' chunks are
+    shorter. With the busiest stage's compute C = M·t_max, Σ t = C / (M·s), so
+    step = C·((M-1)/M + 1/(M·s)) and the bubble is 1 - 1/((M-1)/M + 1/(M·s))."""
+    if stages < 2:
+        return 0.0
+    share = busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
+    factor = (chunks - 1) / chunks + 1 / (chunks * share)
+    return 1 - 1 / factor
+
+
 def predict_step_time(profile: StepProfile, calibration: dict, options: dict | None = None) -> dict:
     """compute_s, comm_s, exposed_comm_s, step_s, samples_per_s (and the parts) for one step.
 
@@ -246,8 +265,8 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         hidden_s = 0.0
     bubble = 0.0
     if overlap.bubble:
-        k, m = options.get("stages") or profile.world_size, options.get("chunks") or 1
-        bubble = (k - 1) / (m + k - 1)
+        bubble = pipeline_bubble(options.get("stages") or profile.world_size, options.get("chunks") or 1,
+                                 profile.stage_share)
     exposed_s = comm_s - hidden_s
     step_s = compute_s / (1 - bubble) + copy_s + exposed_s
     return {"compute_s": compute_s, "copy_s": copy_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,

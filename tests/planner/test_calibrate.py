@@ -233,6 +233,37 @@ def test_pipeline_bubble_and_sends():
     assert t["step_s"] == pytest.approx(0.1 / (1 - 1 / 5) + sends)
 
 
+def test_an_unbalanced_pipelines_bubble_is_the_lighter_stages_fill_and_drain():
+    """The busiest stage sets the pace: (M-1) of its chunks plus one chunk of every stage. A
+    stage doing 3/4 of the compute (C = 0.1 s, M = 4) steps in C·3/4 + C/(4·3/4) = 0.1083 s, not the
+    balanced C·5/4; balanced or unknown shares give (K-1)/(M+K-1)."""
+    comm = {"send": (10**6, 4), "recv": (10**6, 4)}
+    p = _profile("pipeline", 2, comm=comm)
+    p.stage_share = 0.75
+    t = timing.predict_step_time(p, _calibration(), {"stages": 2, "chunks": 4})
+    sends = 2 * (4 * ALPHA_S + 10**6 / BETA)
+    assert t["step_s"] == pytest.approx(0.1 * (3 / 4 + 1 / 3) + sends)
+    assert timing.pipeline_bubble(2, 4, 0.5) == pytest.approx(1 / 5)
+    assert timing.pipeline_bubble(4, 8, None) == pytest.approx(3 / 11)
+    assert timing.pipeline_bubble(2, 1, 0.5) == pytest.approx(1 / 2)  # no chunks: the stages run one after another
+    assert timing.pipeline_bubble(1, 4, None) == 0.0
+
+
+def test_a_pipelines_model_is_timed_in_its_chunks_and_other_strategies_at_the_accumulation_batch():
+    from suite.planner import model_time
+    from tests.parity import make_recipe
+
+    pipe = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 4}, world_size=2)
+    one = model_time.one_rank_recipe(pipe)
+    assert one.strategy.name == "single" and one.training.grad_accumulation == 4
+    assert one.training.batch_size == pipe.layout().accumulation_batch
+    ddp = model_time.one_rank_recipe(make_recipe({"name": "ddp"}, world_size=2))
+    assert ddp.training.grad_accumulation == 1
+    two = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, world_size=2)
+    assert model_time.one_rank_recipe(two).training.grad_accumulation == 2
+    assert model_time.cache_key(pipe, 1) != model_time.cache_key(two, 1)  # same batch, other passes
+
+
 def test_rate_uses_threads_per_rank_core_share_and_the_models_efficiency():
     cal = _calibration(models={"m-1": {"flops_per_s": 2.5e9, "threads": 1}})
     assert timing.compute_rate(cal, 1)[0] == 1.6e10  # one rank: both cores
