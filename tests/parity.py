@@ -24,7 +24,7 @@ from suite.record.run_record import read_json, read_metrics
 from tests.harness import run_ranks
 
 TOLERANCE = 1e-10  # fp64, absolute, per step
-# Set by tests/run_kernel_sets.sh for its second kernel set: only the float32 comparisons run again.
+# Set by tests/run_kernel_sets.sh for the other kernel sets: only the float32 comparisons run again.
 FP32_ONLY = "SCALESUITE_PARITY_FP32_ONLY"
 FP32_TOLERANCE = 1e-5  # fp32, absolute, per step: only where it holds under every CPU kernel set
 # The strategies that split the model over devices in one process (layer_split, fairscale_pipe) at world
@@ -61,7 +61,7 @@ def make_recipe(strategy: dict, world_size: int = 1, precision: str | None = Non
     if os.environ.get(FP32_ONLY) and raw["training"]["precision"] == "fp64":
         import pytest  # only under pytest: this module also serves the benchmarks
 
-        pytest.skip("float64 at 1e-10: no kernel set's rounding moves it (run under default, not again here)")
+        pytest.skip("float64 at 1e-10: no kernel set's rounding moves it (run on the CPU's own kernels)")
     raw["launch"] = {**raw.get("launch", {}), "tasks_per_node": world_size}
     return recipes.validate(raw)
 
