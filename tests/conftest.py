@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -6,6 +9,12 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# The suite's caches in the user's ~/.cache (calibrations, model timings, matmul peaks) must not
+# change what the tests do (on a calibrated machine every run would time its model for its
+# prediction) nor be written by them: the session, and every process it starts, has its own.
+_CACHE = tempfile.mkdtemp(prefix="scalesuite-test-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 
 def pytest_report_header(config):

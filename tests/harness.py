@@ -7,8 +7,11 @@ is imported in the parent so that DDP/FSDP construction does not import it once 
 """
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
+import signal
+import sys
 import time
 import traceback
 
@@ -22,6 +25,7 @@ def _child(fn, rank, world_size, port, conn, args, kwargs):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # a hang's stacks (run_ranks)
     try:
         conn.send(("ok", fn(*args, **kwargs)))
     except BaseException:  # noqa: BLE001 - every failure goes back to the test
@@ -47,7 +51,11 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> l
     try:
         while pending:
             if time.time() > deadline:
-                raise AssertionError(f"ranks {sorted(pending)} of {world_size} still running after {timeout_s} s (hang?)")
+                for rank in sorted(pending):  # each hung rank prints its threads' stacks to the test's output
+                    os.kill(procs[rank].pid, signal.SIGUSR1)
+                time.sleep(1)
+                raise AssertionError(f"ranks {sorted(pending)} of {world_size} still running after {timeout_s} s (hang?); "
+                                     f"their threads' stacks are in the captured stderr")
             for rank in list(pending):
                 if conns[rank].poll(0.05):
                     try:
