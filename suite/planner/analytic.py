@@ -92,11 +92,11 @@ def model_step(recipe) -> dict:
                 m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm))]}
 
 
-def stage_edges(recipe, step: dict) -> list[int] | None:
-    """The top-level block indices where the pipeline's stages start and end ([0, .., blocks]),
-    as the strategy cuts: its ``split_at``, else parameter-balanced as the splitting strategies
-    cut (``suite.strategies.splitting``; DeepSpeed's ``partition: uniform`` by block count); None
-    where the model is not cut into stages."""
+def stage_share(recipe, step: dict) -> float | None:
+    """The share of the model's compute its busiest pipeline stage does (which sets a pipeline's
+    pace), by the blocks each stage gets: the strategy's ``split_at``, else parameter-balanced as
+    the splitting strategies cut (``suite.strategies.splitting``; DeepSpeed's ``partition:
+    uniform`` by block count); None where the model is not cut into stages."""
     # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies.splitting import balanced_split
 
@@ -107,25 +107,13 @@ def stage_edges(recipe, step: dict) -> list[int] | None:
     if split is None:
         uniform = getattr(recipe.strategy, "partition", "parameters") == "uniform"
         split = balanced_split([1] * len(flops) if uniform else step["block_parameters"], stages)
-    return [0, *split, len(flops)]
+    edges = [0, *split, len(flops)]
+    return max(sum(flops[a:b]) for a, b in zip(edges, edges[1:])) / sum(flops)
 
 
-def busiest_share(edges: list[int], per_block: list[float]) -> float:
-    """The largest share of ``per_block``'s total that one stage between ``edges`` holds."""
-    return max(sum(per_block[a:b]) for a, b in zip(edges, edges[1:])) / sum(per_block)
-
-
-def stage_share(recipe, step: dict) -> float | None:
-    """The share of the model's FLOPs its busiest pipeline stage does (which sets a pipeline's
-    pace), by the blocks each stage gets (``stage_edges``); None where the model is not cut."""
-    edges = stage_edges(recipe, step)
-    return busiest_share(edges, step["block_flops"]) if edges else None
-
-
-def _rank_flops(recipe, step: dict, parts: int) -> int:
-    """This rank's FLOPs per step: its pipeline stage's share where the model is cut into stages
+def _rank_flops(step: dict, parts: int, share: float | None) -> int:
+    """This rank's FLOPs per step: its pipeline stage's ``share`` where the model is cut into stages
     (the busiest stage's: it sets the pace), else an even share of the ranks holding one replica."""
-    share = stage_share(recipe, step)
     return int(step["flops"] * share) if share is not None else step["flops"] // parts
 
 
@@ -239,6 +227,7 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
     stage_bytes = step["parameter_bytes"] // parts
     transient = max(activations + backward_buffers(recipe, step, stage_bytes), optimizer_temporaries(recipe, step, parts))
     comm = communication(recipe, stage_bytes, stage_bytes, step)
+    share = stage_share(recipe, step)
     comm_bytes = {k: b for k, (b, _) in comm.items()}
     notes = [f"analytic: {reason}", "peak = held + the strategy's buffers + the larger of the passes "
              "(activations, gathered units) and the optimizer's update (its temporaries)"]
@@ -246,8 +235,8 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
         notes.append("messages between stages sized by the largest top-level block's output")
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
-                       flops=_rank_flops(recipe, step, parts), samples=recipe.training.batch_size,
+                       flops=_rank_flops(step, parts, share), samples=recipe.training.batch_size,
                        comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()},
                        copy_bytes=copy_bytes(recipe, comm_bytes), source="analytic", notes="; ".join(notes),
-                       stage_share=stage_share(recipe, step))
+                       stage_share=share)
 
