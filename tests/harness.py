@@ -52,7 +52,8 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> l
         while pending:
             if time.time() > deadline:
                 for rank in sorted(pending):  # each hung rank prints its threads' stacks to the test's output
-                    os.kill(procs[rank].pid, signal.SIGUSR1)
+                    if procs[rank].is_alive():
+                        os.kill(procs[rank].pid, signal.SIGUSR1)
                 time.sleep(1)
                 raise AssertionError(f"ranks {sorted(pending)} of {world_size} still running after {timeout_s} s (hang?); "
                                      f"their threads' stacks are in the captured stderr")
