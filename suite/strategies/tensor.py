@@ -114,10 +114,12 @@ class Options(StrategyOptions):
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
         """Over the tensor-parallel group, per pass: each row-wise layer all-reduces its output
         (the ranks' partial sums) in forward; each column-wise layer all-reduces the gradient of
-        its input in backward, where that input needs one (not the data). The data-parallel
-        dimension's FSDP2 is not counted here (the fake run of python -m suite.plan counts it)."""
+        its input in backward, where that input needs one (not the data). Over the data-parallel
+        group (dp > 1), FSDP2's: each unit of the rank's shard gathered before forward and again
+        before backward, its gradients reduce-scattered (as the fake run counts them)."""
+        sharded = costs.sharded_units(step, gathers=2) if step.layout.dp_size > 1 else {}
         if step.layout.degree("tensor") < 2 or not step.linears:
-            return {}
+            return sharded
         split = roles(step.model_name, [name for name, *_ in step.linears])
         n_bytes = calls = 0
         for name, in_bytes, out_bytes, input_grad in step.linears:
@@ -125,7 +127,7 @@ class Options(StrategyOptions):
             if role == "rowwise" or (role == "colwise" and input_grad):
                 n_bytes, calls = n_bytes + (out_bytes if role == "rowwise" else in_bytes), calls + 1
         passes = step.layout.accumulation_steps
-        return {"all_reduce": (n_bytes * passes, calls * passes)} if calls else {}
+        return costs.merged(sharded, {"all_reduce": (n_bytes * passes, calls * passes)} if calls else {})
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:

@@ -249,6 +249,21 @@ def test_an_unbalanced_pipelines_bubble_is_the_lighter_stages_fill_and_drain():
     assert timing.pipeline_bubble(1, 4, None) == 0.0
 
 
+
+def test_pipeline_stages_sharing_cores_lend_them_in_the_bubble():
+    """4 stages on 2 cores (each rank's compute 0.1 s with all four computing at once, half a
+    core each): a stage idle in the bubble frees its core, so the step is the larger of the
+    critical path at a whole core (0.05 s / (1 - bubble)) and the node's work over its cores;
+    with a core or device each, the bubble is charged in full."""
+    bubble = timing.pipeline_bubble(4, 4, None)
+    assert bubble == pytest.approx(3 / 7)
+    assert timing.pipelined_compute_s(0.1, bubble, 0.5, 4) == pytest.approx(0.1)  # balanced: the node's work
+    assert timing.pipelined_compute_s(0.1, bubble, 1.0, 4) == pytest.approx(0.1 / (4 / 7))
+    # one stage doing 90 % of the work runs nearly alone: the critical path at a whole core
+    heavy = timing.pipeline_bubble(4, 4, 0.9)
+    assert timing.pipelined_compute_s(0.1, heavy, 0.5, 4, 0.9) == pytest.approx(0.05 / (1 - heavy))
+    assert timing.pipelined_compute_s(0.1, 0.0, 0.5, 1) == pytest.approx(0.1)  # no pipeline axis
+
 def test_a_pipelines_model_is_timed_in_its_chunks_and_other_strategies_at_the_accumulation_batch():
     from suite.planner import model_time
     from tests.parity import make_recipe

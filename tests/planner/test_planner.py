@@ -131,6 +131,23 @@ def test_tensor_parallel_all_reduces_counted_from_its_layout_equal_the_real_code
     assert rule.comm_calls == fake.comm_calls and rule.comm_bytes == fake.comm_bytes
 
 
+def test_tensor_times_data_parallel_counts_fsdps_gathers_over_the_data_parallel_group():
+    """tp 2 x dp 2: the tensor group's all-reduces as above, and FSDP2 over the data-parallel
+    group: each unit of the rank's tensor shard gathered twice, reduce-scattered once. Calls as
+    the fake run of the real code counts them; bytes within 5 % (the rule leaves out FSDP2's
+    padding of each parameter's first dimension to a multiple of dp: 3.2 % here, where the
+    10-wide head's shards are padded)."""
+    raw = {**MLP, "training": {**MLP["training"], "batch_size": 32}, "strategy": {"name": "tensor", "dp": 2},
+           "launch": {"tasks_per_node": 4}}
+    fake = _profiles(raw, "tensor:dp=2", [4])[("tensor:dp=2", 4)]
+    assert fake.source == "fake" and fake.comm_calls.get("reduce_scatter", 0) > 0
+    rule = analytic.profile(fake_run.at_world(recipes.validate({**raw, "strategy": {"name": "tensor", "dp": 2}}), 4),
+                            4, "test")
+    assert rule.comm_calls == fake.comm_calls
+    for kind, n_bytes in fake.comm_bytes.items():
+        assert rule.comm_bytes[kind] == pytest.approx(n_bytes, rel=0.05), kind
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_batch_norm_synced_over_the_ranks_is_counted_as_the_real_code_calls_it(strategy):
     """training.sync_batchnorm (the default): per batch-norm layer and pass one all-gather of the
