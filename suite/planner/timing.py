@@ -310,11 +310,16 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in per_kind.items()), window_s)
     if _cores_all_busy(options, profile, calibration):
         hidden_s = 0.0
+    share = _shared_core(calibration, ranks_per_node, options)
+    if share < 1 and not overlap.bubble:
+        # More ranks than cores: while one rank waits in a collective, another computes on its
+        # core, whatever the strategy's own overlap.
+        hidden_s = max(hidden_s, min(comm_s * (1 - share), compute_s))
     bubble, compute_step_s = 0.0, compute_s
     if overlap.bubble:
         bubble = pipeline_bubble(options.get("stages") or profile.world_size, options.get("chunks") or 1,
                                  profile.stage_share)
-        compute_step_s = pipelined_compute_s(compute_s, bubble, _shared_core(calibration, ranks_per_node, options),
+        compute_step_s = pipelined_compute_s(compute_s, bubble, share,
                                              options.get("stages") or profile.world_size, profile.stage_share)
     exposed_s = comm_s - hidden_s
     step_s = compute_step_s + copy_s + exposed_s

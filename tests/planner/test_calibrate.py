@@ -186,12 +186,18 @@ def test_hidden_communication_is_capped_by_the_backward_window():
     assert t["exposed_comm_s"] == pytest.approx(t["comm_s"] - 1e-3 * timing.BACKWARD_SHARE)
 
 
-def test_allreduce_and_zero_1_2_expose_all_communication():
+def test_allreduce_and_zero_1_2_expose_all_communication_unless_ranks_share_cores():
     comm = {"reduce_scatter": (10**6, 1), "all_gather": (10**6, 1)}
+    expected = 2 * (3 * ALPHA_S + 0.75 * 10**6 / BETA)  # world 4: (N-1) α + (N-1)/N n/β each
     for strategy, options in (("allreduce", {}), ("zero", {"stage": 1}), ("zero", {"stage": 2})):
-        t = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(), options)
-        expected = 2 * (3 * ALPHA_S + 0.75 * 10**6 / BETA)  # world 4: (N-1) α + (N-1)/N n/β each
+        t = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(cores=4), options)
         assert t["comm_s"] == pytest.approx(expected) and t["exposed_comm_s"] == pytest.approx(expected)
+        # 4 ranks on 2 cores: while a rank waits in a collective another computes on its core,
+        # whatever the strategy's rule: the waiting beyond its core share (1/2), up to the compute.
+        shared = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(cores=2), options)
+        assert shared["exposed_comm_s"] == pytest.approx(expected - min(expected / 2, shared["compute_s"]))
+        busy = timing.predict_step_time(_profile(strategy, 4, flops=10**5, comm=comm), _calibration(cores=2), options)
+        assert busy["exposed_comm_s"] == pytest.approx(expected - busy["compute_s"])
 
 
 def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
