@@ -51,6 +51,8 @@ class Bench:
     quick: bool
     strategies: Optional[list[str]] = None  # --strategies: the overhead section measures only these
     slurm: bool = False  # --slurm: the predict section also runs on 2 nodes of the local Slurm
+    families: Optional[list[str]] = None  # --families: the predict section runs only these model families
+    no_local: bool = False  # --no-local: the predict section runs on Slurm only (with --slurm)
     log: list[str] = field(default_factory=list)
 
     def times(self, default: int = 3) -> int:

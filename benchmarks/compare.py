@@ -25,7 +25,7 @@ from common import ROOT, Bench, machine  # noqa: E402
 SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "batchnorm", "plan",
             "slow_rank", "checkpoint"]
 # Only when --only names them: three studies' cpu profiles (about 25 min on 2 cores); the step-time
-# prediction over every model family and strategy (predict: about 30 min, 8 with --quick).
+# prediction over every model family and strategy (predict: about 2 hours, 13 min with --quick).
 OPTIONAL = ["studies", "predict"]
 
 
@@ -40,11 +40,22 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="few steps per run: checks the benchmark, measures little")
     p.add_argument("--strategies", help="overhead section: only these (single, ddp, zero2, fsdp), e.g. to rerun one target")
     p.add_argument("--slurm", action="store_true", help="predict section: also 2 nodes of the local Slurm (slurm/start.sh)")
+    p.add_argument("--no-local", action="store_true", help="predict section: only the Slurm runs (with --slurm)")
+    p.add_argument("--families", help="predict section: only these model families (e.g. seq2seq,unet), to run its "
+                   "full profile (about 2 hours on 2 cores) in parts")
     args = p.parse_args(argv)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in args.only if name not in SECTIONS + OPTIONAL]
     if unknown:
         p.error(f"--only {','.join(unknown)}: no such section; choose from {', '.join(SECTIONS + OPTIONAL)}")
+    if args.no_local and not args.slurm:
+        p.error("--no-local leaves the predict section nothing to run without --slurm")
+    if args.families:
+        args.families = [name.strip() for name in args.families.split(",") if name.strip()]
+        known = importlib.import_module("sections.predict").FAMILIES
+        unknown = [name for name in args.families if name not in known]
+        if unknown:
+            p.error(f"--families {','.join(unknown)}: no such model family; choose from {', '.join(known)}")
     if args.strategies:
         args.strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if args.repeats is not None and args.repeats < 1:
@@ -58,7 +69,8 @@ def main(argv=None) -> int:
     if out.exists() and any(out.iterdir()):
         sys.exit(f"{out} is not empty; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(out, args.repeats, args.quick, args.strategies, slurm=args.slurm)
+    bench = Bench(out, args.repeats, args.quick, args.strategies, slurm=args.slurm, families=args.families,
+                  no_local=args.no_local)
     command = "python benchmarks/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
     head = ["# Benchmark results", "", f"Command: `{command}`", "",
             f"Taken {time.strftime('%Y-%m-%d %H:%M %Z')} on:", *machine(), ""]

@@ -20,6 +20,9 @@ def test_a_quick_section_writes_results_with_the_machine_and_its_targets(tmp_pat
 def test_an_unknown_section_or_a_used_folder_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, *COMPARE, "--only", "speed"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no such section" in proc.stderr
+    proc = subprocess.run([sys.executable, *COMPARE, "--only", "predict", "--families", "mlp,lstm"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--families lstm: no such model family" in proc.stderr
     (tmp_path / "old.md").write_text("x")
     proc = subprocess.run([sys.executable, *COMPARE, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "not empty" in proc.stderr
