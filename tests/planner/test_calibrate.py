@@ -95,10 +95,14 @@ def test_a_call_in_a_step_costs_the_larger_of_alpha_and_the_in_step_cost_at_the_
 
 def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(tmp_path, monkeypatch):
     """The command end to end, small messages (4 KiB .. 256 KiB): every kind's fit is positive and
-    reproduces its measured times within a median relative error of 50 %. A size's time is the
-    lower quartile of its calls: on 2 cores a call waits for its peer to be scheduled (3-4 ms) in
-    up to half of them, and with the median a 256 KiB send once measured 1.4 ms against 0.06 ms
-    at 64 KiB (median error 137 %); five calibrations with the quartile gave 1-15 %.
+    reproduces its measured times within a factor 2 (median relative error <= 100 %). A size's time
+    is the lower quartile of its calls: on 2 cores a call waits for its peer to be scheduled (3-4 ms)
+    in up to half of them, and with the median a 256 KiB send once measured 1.4 ms against 0.06 ms
+    at 64 KiB (median error 137 %). Five quiet calibrations with the quartile gave 1-15 %, but in
+    the full test run a 256 KiB send still measured 0.90 ms against 0.06 ms at 64 KiB (0.14 ms in
+    a quiet calibration that day), and the line, which must not make the largest message faster
+    than measured, missed the middle sizes by 96 %: a bound of 50 % failed there, so the bound
+    stays the factor 2 it was before.
     The fit's arithmetic is checked exactly on times the formula made (tests above).
     In its own interpreter: the command runs matmuls, and a process forked after that (the
     training ranks of a later test) can hang on the thread pool it inherits."""
@@ -115,7 +119,7 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
         assert f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0, (kind, f)
         predicted = [alpha_beta.call_time_s(kind, 2, n, f["alpha_s"], f["beta_bytes_per_s"]) for n, _ in f["points"]]
         errors = sorted(abs(p - t) / t for p, (_, t) in zip(predicted, f["points"]))
-        assert errors[len(errors) // 2] <= 0.5, (kind, f["points"], predicted)
+        assert errors[len(errors) // 2] <= 1.0, (kind, f["points"], predicted)
     assert c["compute"]["peak_flops_per_s_by_threads"]["1"] > 0
     assert c["compute"]["copy_bytes_per_s"] > 0 and "memory copy: 1 thread" in proc.stdout
     assert calibration.load(backend="gloo")["key"] == c["key"]  # found again in the cache by host
