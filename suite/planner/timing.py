@@ -199,11 +199,11 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
                                            trees=calibration.get("backend") == "nccl")
         if group_fit and kind not in ("send", "recv"):
             out[kind] *= _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size,
-                                               options.get("cpus_per_task"))
+                                               options)
     return out
 
 
-def _groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, cpus_per_task: int | None) -> float:
+def _groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, options: dict) -> float:
     """How much slower a collective over a group of ``size`` runs than the calibration timed it
     (``size`` ranks alone on the node) when the node's ``ranks_per_node`` ranks run their groups'
     collectives at once on fewer cores: the ratio of the cores each rank gets. Every group of a
@@ -211,12 +211,9 @@ def _groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, cpu
     (point-to-point sends between pipeline stages are staggered: not counted so). Measured at 4
     ranks on 2 cores: HSDP (shard groups of 2) and tensor x data parallel stepped 2-3x slower
     than their collectives as timed with 2 ranks alone predicted."""
-    c = calibration["compute"]
-    if c.get("per_device") or size >= ranks_per_node:
+    if size >= ranks_per_node:
         return 1.0
-    cores = c["cores"]
-    return core_share(cores, size, rank_threads(cores, size, cpus_per_task)) / \
-        core_share(cores, ranks_per_node, rank_threads(cores, ranks_per_node, cpus_per_task))
+    return _shared_core(calibration, size, options) / _shared_core(calibration, ranks_per_node, options)
 
 
 def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> bool:
@@ -317,10 +314,9 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         hidden_s = max(hidden_s, min(comm_s * (1 - share), compute_s))
     bubble, compute_step_s = 0.0, compute_s
     if overlap.bubble:
-        bubble = pipeline_bubble(options.get("stages") or profile.world_size, options.get("chunks") or 1,
-                                 profile.stage_share)
-        compute_step_s = pipelined_compute_s(compute_s, bubble, share,
-                                             options.get("stages") or profile.world_size, profile.stage_share)
+        stages = options.get("stages") or profile.world_size
+        bubble = pipeline_bubble(stages, options.get("chunks") or 1, profile.stage_share)
+        compute_step_s = pipelined_compute_s(compute_s, bubble, share, stages, profile.stage_share)
     exposed_s = comm_s - hidden_s
     step_s = compute_step_s + copy_s + exposed_s
     return {"compute_s": compute_s, "copy_s": copy_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,

@@ -259,7 +259,6 @@ def test_an_unbalanced_pipelines_bubble_is_the_lighter_stages_fill_and_drain():
     assert timing.pipeline_bubble(1, 4, None) == 0.0
 
 
-
 def test_pipeline_stages_sharing_cores_lend_them_in_the_bubble():
     """4 stages on 2 cores (each rank's compute 0.1 s with all four computing at once, half a
     core each): a stage idle in the bubble frees its core, so the step is the larger of the
@@ -273,6 +272,7 @@ def test_pipeline_stages_sharing_cores_lend_them_in_the_bubble():
     heavy = timing.pipeline_bubble(4, 4, 0.9)
     assert timing.pipelined_compute_s(0.1, heavy, 0.5, 4, 0.9) == pytest.approx(0.05 / (1 - heavy))
     assert timing.pipelined_compute_s(0.1, 0.0, 0.5, 1) == pytest.approx(0.1)  # no pipeline axis
+
 
 def test_a_pipelines_model_is_timed_in_its_chunks_and_other_strategies_at_the_accumulation_batch():
     from suite.planner import model_time
