@@ -94,7 +94,7 @@ class Options(StrategyOptions):
         if self.micro_batches < stages:
             raise SuiteError(f"strategy pipedream_2bw needs strategy.micro_batches >= stages ({stages}) to keep "
                              f"two weight versions, but micro_batches={self.micro_batches}; raise micro_batches")
-        check_recipe_split(model, self.split_at, stages, "pipedream_2bw")
+        check_recipe_split(model, self.split_at, stages, "pipedream_2bw", own_optimizers=True)
 
     def held_fraction(self, total: dict, layout) -> dict:
         stages = layout.degree("pipeline")
@@ -285,6 +285,6 @@ def build(opts: Options, setup) -> PipeDream2BWEngine:
     mesh = layout.device_mesh(ctx)
     pp_group, stage_index = mesh.get_group("pipeline"), mesh.get_local_rank("pipeline")
     model = setup.build_model()
-    module = cut(model, resolve_split(opts.split_at, model, stages))[stage_index].to(ctx.device)
+    module = cut(model, resolve_split(opts.split_at, model, stages, own_optimizers=True))[stage_index].to(ctx.device)
     module = setup.prepare(module)
     return PipeDream2BWEngine(setup, module, StageInfo(stage_index, stages), layout.pipeline_chunks, pp_group)

@@ -83,7 +83,7 @@ class Options(StrategyOptions):
             # torch refuses it inside the ranks (Schedule1F1B: micro-batches must be >= stages).
             raise SuiteError(f"strategy.schedule=1f1b needs strategy.micro_batches >= strategy.stages ({stages}), "
                              f"but micro_batches={self.micro_batches}; raise micro_batches or use schedule=gpipe")
-        check_recipe_split(model, self.split_at, stages, "pipeline")
+        check_recipe_split(model, self.split_at, stages, "pipeline", own_optimizers=True)
 
     def held_fraction(self, total: dict, layout) -> dict:
         share = layout.degree("pipeline") * (layout.dp_size if self.dp_mode == "fully_shard" else 1)
@@ -211,7 +211,7 @@ def build(opts: Options, setup) -> PipelineStageEngine:
     mesh = layout.device_mesh(ctx)  # dims ("data", "pipeline"): a pipeline's ranks are neighbours
     pp_group, stage_index = mesh.get_group("pipeline"), mesh.get_local_rank("pipeline")
     model = setup.build_model()
-    module = cut(model, resolve_split(opts.split_at, model, stages))[stage_index].to(ctx.device)
+    module = cut(model, resolve_split(opts.split_at, model, stages, own_optimizers=True))[stage_index].to(ctx.device)
     module = setup.prepare(module)
     if layout.dp_size > 1:
         _data_parallel(module, mesh["data"], opts.dp_mode)

@@ -4,7 +4,10 @@ Every suite model is an ``nn.Sequential`` of coarse blocks; a user's model must 
 (``check_sequential``, run before launch for every splitting strategy). A split is a list of block indices
 (recipe key ``strategy.split_at``) where a new part starts: ``[3]`` cuts a 6-block model into
 blocks 0-2 and 3-5. Left out, the cut balances the parts' parameter counts (the largest part
-as small as it can be), which is what bounds a pipeline's speed and a device's memory.
+as small as it can be), which is what bounds a pipeline's speed and a device's memory. The
+balanced cut gives every part parameters where it can; a pipeline's stages must have them (each
+trains with an optimizer of its own, which refuses an empty parameter list: ``own_optimizers``),
+one model split over a rank's devices need not.
 """
 from __future__ import annotations
 
@@ -19,9 +22,17 @@ def parameter_counts(model: nn.Sequential) -> list[int]:
 
 
 def balanced_split(counts: list[int], parts: int) -> list[int]:
-    """Start indices of parts 1.. that minimise the largest part's parameter count.
+    """Start indices of parts 1.. that minimise the largest part's parameter count, each part
+    holding some where there are as many blocks with parameters as parts (an MLP's blocks
+    [Flatten, Linear, ReLU, Linear, ReLU, Linear] in 4 parts: never a part of a ReLU alone).
 
     Dynamic programming over contiguous partitions (models have ~10 blocks: cheap)."""
+    if sum(c > 0 for c in counts) < parts:  # some part must be empty: balance the rest
+        return _min_max_split(counts, parts, allow_empty=True)
+    return _min_max_split(counts, parts, allow_empty=False)
+
+
+def _min_max_split(counts: list[int], parts: int, allow_empty: bool) -> list[int]:
     n = len(counts)
     prefix = [0]
     for c in counts:
@@ -34,7 +45,8 @@ def balanced_split(counts: list[int], parts: int) -> list[int]:
     for k in range(1, parts + 1):
         for i in range(k, n + 1):
             for j in range(k - 1, i):
-                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                part = prefix[i] - prefix[j]
+                cost = max(best[k - 1][j], part) if part > 0 or allow_empty else inf
                 if cost < best[k][i]:
                     best[k][i], cut[k][i] = cost, j
     starts, i = [], n
@@ -45,22 +57,36 @@ def balanced_split(counts: list[int], parts: int) -> list[int]:
 
 
 def resolve_split(split_at: list[int] | None, model: nn.Sequential, parts: int,
-                  key: str = "strategy.split_at") -> list[int]:
-    """The recipe's split checked against the model, or a balanced one if it gave none."""
+                  key: str = "strategy.split_at", own_optimizers: bool = False) -> list[int]:
+    """The recipe's split checked against the model, or a balanced one if it gave none;
+    ``own_optimizers``: each part trains alone (a pipeline stage), so each must hold parameters."""
     check_sequential(model, "this strategy", "the model factory")
     n = len(model)
     if parts > n:
         raise SuiteError(f"the model has {n} top-level blocks, too few for {parts} parts; "
                          f"use fewer parts or a deeper model")
+    counts = parameter_counts(model)
     if split_at is None:
-        return balanced_split(parameter_counts(model), parts)
+        split_at = balanced_split(counts, parts)
+        key = "the balanced split (strategy.split_at left out)"
+    else:
+        _check_bounds(split_at, n, parts, key)
+    bounds = [0, *split_at, n]
+    for number, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        if own_optimizers and not sum(counts[a:b]):
+            raise SuiteError(f"{key}: part {number} (blocks {a}-{b - 1}) holds no parameters, so it has nothing to "
+                             f"train; the model has {sum(c > 0 for c in counts)} blocks with parameters: use at most "
+                             f"that many parts, or a split_at whose every part holds a layer with weights")
+    return list(split_at)
+
+
+def _check_bounds(split_at: list[int], n: int, parts: int, key: str) -> None:
     ok = (len(split_at) == parts - 1 and all(0 < s < n for s in split_at)
           and all(a < b for a, b in zip(split_at, split_at[1:])))
     if not ok:
         raise SuiteError(f"{key}={split_at} must list {parts - 1} increasing block indices between 1 and "
                          f"{n - 1} (where parts 2..{parts} start; the model has {n} top-level blocks), "
                          f"or be left out to balance the parts by parameter count")
-    return list(split_at)
 
 
 def cut(model: nn.Sequential, split_at: list[int]) -> list[nn.Sequential]:
@@ -69,10 +95,10 @@ def cut(model: nn.Sequential, split_at: list[int]) -> list[nn.Sequential]:
     return [model[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def check_recipe_split(model, split_at, parts: int, strategy: str) -> None:
+def check_recipe_split(model, split_at, parts: int, strategy: str, own_optimizers: bool = False) -> None:
     """Recipe-time check of ``split_at`` against the model (a ``suite.strategies.layout.ModelInfo``), built on
     the meta device (no memory)."""
-    resolve_split(split_at, meta_model(model, strategy), parts)
+    resolve_split(split_at, meta_model(model, strategy), parts, own_optimizers=own_optimizers)
 
 
 def check_devices_per_task(layout, strategy: str, what: str) -> int:

@@ -18,8 +18,9 @@ RAW = {"name": "t", "model": {"name": "mlp", "hidden": [64, 64]},
        "tracking": {"wandb": "disabled"}}
 
 
-def _recipe(strategy: dict, nodes: int, per_node: int, **training):
-    return recipes.validate({**RAW, "strategy": strategy, "training": {**RAW["training"], **training},
+def _recipe(strategy: dict, nodes: int, per_node: int, model: dict | None = None, **training):
+    return recipes.validate({**RAW, "model": model or RAW["model"], "strategy": strategy,
+                             "training": {**RAW["training"], **training},
                              "launch": {"executor": "slurm" if nodes > 1 else "local", "nodes": nodes,
                                         "tasks_per_node": per_node}})
 
@@ -42,7 +43,9 @@ def test_each_collective_runs_over_its_own_group_and_link():
     assert _groups(_recipe({"name": "ddp"}, nodes=2, per_node=4))["all_reduce"] == (8, "inter")
     assert _groups(_recipe({"name": "ddp"}, nodes=1, per_node=4))["all_reduce"] == (4, "intra")
     # A pipeline's messages go to the neighbouring stage.
-    assert _groups(_recipe({"name": "pipeline", "stages": 4, "dp": 2}, nodes=2, per_node=4))["send"] == (2, "intra")
+    four_layers = {"name": "mlp", "hidden": [64, 64, 64]}  # a stage each
+    assert _groups(_recipe({"name": "pipeline", "stages": 4, "dp": 2}, nodes=2, per_node=4, model=four_layers))["send"] \
+        == (2, "intra")
 
 
 def test_an_inter_node_collective_is_timed_at_the_inter_node_link():

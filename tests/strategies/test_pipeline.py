@@ -96,6 +96,17 @@ def test_balanced_split_minimises_the_largest_stage():
     assert balanced_split([5, 5, 5, 5, 5, 5], 3) == [2, 4]
 
 
+def test_every_balanced_stage_holds_parameters():
+    """An MLP [Flatten, Linear, ReLU, Linear, ReLU, Linear] in 4 stages: the smallest largest part
+    alone would leave a stage of a ReLU, whose optimizer gets an empty parameter list (it was run
+    so: rank 0 failed at the first step)."""
+    counts = [0, 401920, 0, 262656, 0, 5130]
+    starts = balanced_split(counts, 3)
+    bounds = [0, *starts, len(counts)]
+    assert all(sum(counts[a:b]) for a, b in zip(bounds, bounds[1:])), starts
+    assert balanced_split([0, 10, 0, 10, 0, 10, 0], 3) == [2, 4]
+
+
 @pytest.mark.parametrize("strategy, world, fragment", [
     ({"name": "pipeline", "dp": 3}, 4, "strategy.dp=3 x strategy.stages=? does not fit world size 4"),
     ({"name": "pipeline", "stages": 3}, 4, "strategy.dp=? x strategy.stages=3 does not fit world size 4"),
@@ -103,6 +114,7 @@ def test_balanced_split_minimises_the_largest_stage():
     ({"name": "pipeline", "micro_batches": 5}, 2, "strategy.micro_batches=5 must divide"),
     ({"name": "pipeline", "split_at": [9]}, 2, "strategy.split_at=[9] must list 1 increasing block indices"),
     ({"name": "pipeline", "stages": 8}, 8, "too few for 8 parts"),
+    ({"name": "pipeline", "split_at": [1]}, 2, "strategy.split_at: part 0 (blocks 0-0) holds no parameters"),
 ])
 def test_bad_degrees_give_one_clear_line(strategy, world, fragment):
     with pytest.raises(SuiteError) as err:
