@@ -59,6 +59,7 @@ class Watch:
         self.progress = Progress(self.run_dir, total_epochs, printer, prefix=f"[{job.job_id}] ")
         self.grace_s, self.state_every_s, self.stop_timeout_s = grace_s, state_every_s, stop_timeout_s
         self.state, self._state_at, self._failed_at, self._started = None, 0.0, None, set()
+        self._dead_at_failure: list[int] = []
         self.cancelled_by_us = False
         self.never_starts: str | None = None  # Slurm's reason, for a job that cannot start
         self._since = time.time()  # rank process records older than this are an earlier attempt's
@@ -84,8 +85,12 @@ class Watch:
             self._report_started_ranks()
         if self.state and self.state.split()[0] == "PENDING" and (self._cannot_start() or self._node_lost()):
             return True
-        if self._failed_at is None and (run_record.first_error(self.run_dir) or self._dead_ranks()):
-            self._failed_at = time.time()
+        if self._failed_at is None:
+            # The ranks gone without a word when the failure is first seen; one that recorded its
+            # error is its cause, and ranks ending after it (its peers' connections closing) are echoes.
+            dead = [k for k in self._dead_ranks() if k not in run_record.error_ranks(self.run_dir)]
+            if run_record.first_error(self.run_dir) or dead:
+                self._failed_at, self._dead_at_failure = time.time(), dead
         if self._failed_at is not None and time.time() - self._failed_at > self.grace_s and not self.ended:
             self.kill()  # a rank failed or died and its peers did not follow within the grace time
             self.cancelled_by_us = True
@@ -245,7 +250,7 @@ class Watch:
             self.failure = Failure(why, restartable=True, node=self._nodes or None, waited_s=waited)
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: {why}")
         error = run_record.first_error(self.run_dir) or task_ends.submitit_error(self.job)
-        dead = self._dead_ranks() if self.cancelled_by_us else []
+        dead = self._dead_at_failure if self.cancelled_by_us else []
         silent = task_ends.silent_ranks(self.job, self.run_dir) if (error or dead) and not self.cancelled_by_us else dead
         srun_end = None if self.local else task_ends.srun_first_end(self.job)
         if silent and error and not self.local and task_ends.srun_first_bad_exit(self.job) == error[0]:
