@@ -1,5 +1,6 @@
-"""python -m suite.calibrate (alpha-beta fits of gloo collectives at world 2) and the time model
-that turns a StepProfile into a predicted step time; the report's predicted-vs-measured table."""
+"""python -m suite.calibrate (alpha-beta fits of gloo collectives at world 2), a run's recorded
+prediction and the report's predicted-vs-measured table. The time model's terms:
+tests/planner/test_time_model.py."""
 from __future__ import annotations
 
 import csv
@@ -13,24 +14,8 @@ import pytest
 
 from suite.calibrate import __main__ as calibrate_command, measure as calibrate
 from suite.planner import alpha_beta, calibration, timing
-from suite.planner.profile import StepProfile
-from suite.strategies.ddp import DDP_SHARE
 
-ALPHA_S, BETA = 1e-4, 1e9  # a hand-made calibration: 100 µs, 1 GB/s, for every kind
-
-
-def _calibration(peak_1=1e10, peak_2=1.6e10, cores=2, models=None, fits=None) -> dict:
-    fits = fits or {k: {"alpha_s": ALPHA_S, "beta_bytes_per_s": BETA} for k in alpha_beta.MEASURED}
-    return {"key": "hand", "compute": {"cores": cores, "models": models or {},
-                                       "peak_flops_per_s_by_threads": {"1": peak_1, "2": peak_2}},
-            "collectives": fits}
-
-
-def _profile(strategy="ddp", world=2, flops=10**9, comm=None, samples=64) -> StepProfile:
-    comm = comm or {}
-    return StepProfile(strategy=strategy, world_size=world, held_bytes={}, peak_bytes=0, flops=flops,
-                       samples=samples, comm_bytes={k: b for k, (b, _) in comm.items()},
-                       comm_calls={k: c for k, (_, c) in comm.items()})
+from tests.planner.hand_calibration import ALPHA_S, BETA, hand_calibration, step_profile
 
 
 # ---- the fit -------------------------------------------------------------------------------
@@ -155,7 +140,7 @@ def test_calibrate_with_a_recipe_times_each_world_and_the_model_with_as_many_ran
     recipe = recipes.load("recipes/quickstart.yaml", ["launch.tasks_per_node=4"])[0]
     rate, how = timing.compute_rate(c, 4, timing.model_key(recipe))
     assert rate == rates["4"]["flops_per_s"] and "4 rank(s) stepping at once" in how
-    profile = _profile("ddp", 4, comm={"all_reduce": (10**6, 1)})
+    profile = step_profile("ddp", 4, comm={"all_reduce": (10**6, 1)})
     fit = c["collectives_by_world"]["4"]["all_reduce"]
     assert timing.comm_time_s(profile, c)["all_reduce"] == pytest.approx(
         alpha_beta.call_time_s("all_reduce", 4, 10**6, fit["alpha_s"], fit["beta_bytes_per_s"]))
@@ -165,156 +150,6 @@ def test_calibrate_refuses_one_rank_in_one_line(capsys):
     assert calibrate_command.main(["--world-size", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --world-size 1") and "\n" not in err
-
-
-# ---- the time model ----------------------------------------------------------------------------
-
-GPU = {"device": "cuda"}  # the overlap rules as written: a CPU with a rank on every core hides nothing
-
-
-def test_ddp_half_of_the_all_reduce_hides_under_backward():
-    grad_bytes = 4 * 10**6
-    p = _profile("ddp", 2, flops=10**9, comm={"all_reduce": (grad_bytes, 3)})
-    t = timing.predict_step_time(p, _calibration(), GPU)
-    assert t["compute_s"] == pytest.approx(0.1)  # 1e9 FLOPs / 1e10 FLOP/s (1 thread each: 2 ranks, 2 cores)
-    comm = 3 * 2 * ALPHA_S + 1 * grad_bytes / BETA  # 3 calls x 2(N-1) α + 2(N-1)/N n/β
-    assert t["comm_s"] == pytest.approx(comm)
-    assert t["exposed_comm_s"] == pytest.approx(comm * (1 - DDP_SHARE))
-    assert t["step_s"] == pytest.approx(0.1 + comm / 2)
-    assert t["samples_per_s"] == pytest.approx(64 / t["step_s"])
-
-
-def test_hidden_communication_is_capped_by_the_backward_window():
-    p = _profile("ddp", 2, flops=10**7, comm={"all_reduce": (10**9, 1)})  # 1 s of all-reduce, 1 ms of compute
-    t = timing.predict_step_time(p, _calibration(), GPU)
-    assert t["exposed_comm_s"] == pytest.approx(t["comm_s"] - 1e-3 * timing.BACKWARD_SHARE)
-
-
-def test_allreduce_and_zero_1_2_expose_all_communication_unless_ranks_share_cores():
-    comm = {"reduce_scatter": (10**6, 1), "all_gather": (10**6, 1)}
-    expected = 2 * (3 * ALPHA_S + 0.75 * 10**6 / BETA)  # world 4: (N-1) α + (N-1)/N n/β each
-    for strategy, options in (("allreduce", {}), ("zero", {"stage": 1}), ("zero", {"stage": 2})):
-        t = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(cores=4), options)
-        assert t["comm_s"] == pytest.approx(expected) and t["exposed_comm_s"] == pytest.approx(expected)
-        # 4 ranks on 2 cores: while a rank waits in a collective another computes on its core,
-        # whatever the strategy's rule: the waiting beyond its core share (1/2), up to the compute.
-        shared = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(cores=2), options)
-        assert shared["exposed_comm_s"] == pytest.approx(expected - min(expected / 2, shared["compute_s"]))
-        busy = timing.predict_step_time(_profile(strategy, 4, flops=10**5, comm=comm), _calibration(cores=2), options)
-        assert busy["exposed_comm_s"] == pytest.approx(expected - busy["compute_s"])
-
-
-def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
-    comm = {"all_gather": (2 * 10**6, 2), "reduce_scatter": (10**6, 1)}
-    for strategy, options in (("zero", {"stage": 3}), ("fsdp", {})):
-        t = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, **GPU})
-        assert t["exposed_comm_s"] == pytest.approx(t["comm_s"] / 2)
-        # On a CPU whose every core runs a rank, gloo's threads take their time from compute.
-        cpu = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, "device": "cpu"})
-        assert cpu["exposed_comm_s"] == pytest.approx(cpu["comm_s"])
-        # With more ranks than cores (4 on 2), one rank computes while another waits: the rule holds.
-        more = timing.predict_step_time(_profile(strategy, 4, comm=comm), _calibration(), {**options, "device": "cpu"})
-        assert more["exposed_comm_s"] == pytest.approx(more["comm_s"] / 2)
-        # launch.device auto: the calibration's device (gloo: a CPU).
-        auto = timing.predict_step_time(_profile(strategy, 2, comm=comm), _calibration(), {**options, "device": "auto"})
-        assert auto["exposed_comm_s"] == pytest.approx(auto["comm_s"])
-
-
-def test_fsdp2s_copies_take_their_bytes_at_the_copy_rate_and_a_share_of_the_cores():
-    cal = _calibration()
-    cal["compute"]["copy_bytes_per_s"] = 2e9
-    p = _profile("fsdp", 2, comm={"all_gather": (2 * 10**6, 2), "reduce_scatter": (10**6, 1)})
-    p.copy_bytes = 4 * 10**6
-    t = timing.predict_step_time(p, cal, {"device": "cpu"})
-    assert t["copy_s"] == pytest.approx(2e-3)  # 4 MB at 2 GB/s: a core each
-    assert t["step_s"] == pytest.approx(t["compute_s"] + 2e-3 + t["exposed_comm_s"])
-    p4 = _profile("fsdp", 4)
-    p4.copy_bytes = 4 * 10**6
-    assert timing.predict_step_time(p4, cal, {"device": "cpu"})["copy_s"] == pytest.approx(4e-3)  # half a core each
-    del cal["compute"]["copy_bytes_per_s"]  # a calibration from before the copy rate: no copy time
-    assert timing.predict_step_time(p, cal, {"device": "cpu"})["copy_s"] == 0.0
-
-
-def test_pipeline_bubble_and_sends():
-    comm = {"send": (10**6, 4), "recv": (10**6, 4)}
-    t = timing.predict_step_time(_profile("pipeline", 2, comm=comm), _calibration(), {"stages": 2, "chunks": 4})
-    assert t["bubble"] == pytest.approx(1 / 5)  # (K-1)/(M+K-1)
-    sends = 2 * (4 * ALPHA_S + 10**6 / BETA)  # recv borrows send's fit
-    assert t["step_s"] == pytest.approx(0.1 / (1 - 1 / 5) + sends)
-
-
-def test_an_unbalanced_pipelines_bubble_is_the_lighter_stages_fill_and_drain():
-    """The busiest stage sets the pace: (M-1) of its chunks plus one chunk of every stage. A
-    stage doing 3/4 of the compute (C = 0.1 s, M = 4) steps in C·3/4 + C/(4·3/4) = 0.1083 s, not the
-    balanced C·5/4; balanced or unknown shares give (K-1)/(M+K-1)."""
-    comm = {"send": (10**6, 4), "recv": (10**6, 4)}
-    p = _profile("pipeline", 2, comm=comm)
-    p.stage_share = 0.75
-    t = timing.predict_step_time(p, _calibration(), {"stages": 2, "chunks": 4})
-    sends = 2 * (4 * ALPHA_S + 10**6 / BETA)
-    assert t["step_s"] == pytest.approx(0.1 * (3 / 4 + 1 / 3) + sends)
-    assert timing.pipeline_bubble(2, 4, 0.5) == pytest.approx(1 / 5)
-    assert timing.pipeline_bubble(4, 8, None) == pytest.approx(3 / 11)
-    assert timing.pipeline_bubble(2, 1, 0.5) == pytest.approx(1 / 2)  # no chunks: the stages run one after another
-    assert timing.pipeline_bubble(1, 4, None) == 0.0
-
-
-def test_pipeline_stages_sharing_cores_lend_them_in_the_bubble():
-    """4 stages on 2 cores (each rank's compute 0.1 s with all four computing at once, half a
-    core each): a stage idle in the bubble frees its core, so the step is the larger of the
-    critical path at a whole core (0.05 s / (1 - bubble)) and the node's work over its cores;
-    with a core or device each, the bubble is charged in full."""
-    bubble = timing.pipeline_bubble(4, 4, None)
-    assert bubble == pytest.approx(3 / 7)
-    assert timing.pipelined_compute_s(0.1, bubble, 0.5, 4) == pytest.approx(0.1)  # balanced: the node's work
-    assert timing.pipelined_compute_s(0.1, bubble, 1.0, 4) == pytest.approx(0.1 / (4 / 7))
-    # one stage doing 90 % of the work runs nearly alone: the critical path at a whole core
-    heavy = timing.pipeline_bubble(4, 4, 0.9)
-    assert timing.pipelined_compute_s(0.1, heavy, 0.5, 4, 0.9) == pytest.approx(0.05 / (1 - heavy))
-    assert timing.pipelined_compute_s(0.1, 0.0, 0.5, 1) == pytest.approx(0.1)  # no pipeline axis
-
-
-def test_a_pipelines_model_is_timed_in_its_chunks_and_other_strategies_at_the_accumulation_batch():
-    from suite.planner import model_time
-    from tests.parity import make_recipe
-
-    pipe = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 4}, world_size=2)
-    one = model_time.one_rank_recipe(pipe)
-    assert one.strategy.name == "single" and one.training.grad_accumulation == 4
-    assert one.training.batch_size == pipe.layout().accumulation_batch
-    ddp = model_time.one_rank_recipe(make_recipe({"name": "ddp"}, world_size=2))
-    assert ddp.training.grad_accumulation == 1
-    two = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, world_size=2)
-    assert model_time.one_rank_recipe(two).training.grad_accumulation == 2
-    assert model_time.cache_key(pipe, 1) != model_time.cache_key(two, 1)  # same batch, other passes
-
-
-def test_rate_uses_threads_per_rank_core_share_and_the_models_efficiency():
-    cal = _calibration(models={"m-1": {"flops_per_s": 2.5e9, "threads": 1}})
-    assert timing.compute_rate(cal, 1)[0] == 1.6e10  # one rank: both cores
-    assert timing.compute_rate(cal, 2)[0] == 1e10  # two ranks: a core each
-    assert timing.compute_rate(cal, 4)[0] == 0.5e10  # four ranks on two cores: half a core each
-    assert timing.compute_rate(cal, 1, "m-1")[0] == pytest.approx(1.6e10 * 0.25)  # 2.5e9 of 1e10 at 1 thread
-    assert timing.compute_rate(cal, 1, "other")[0] == 1.6e10
-    # launch.cpus_per_task decides the threads, as in the ranks (suite.train.dist): one rank on one
-    # of two cores computes at the 1-thread rate, not both cores'
-    assert timing.compute_rate(cal, 1, cpus_per_task=1)[0] == 1e10
-    assert timing.compute_rate(cal, 1, "m-1", cpus_per_task=1)[0] == pytest.approx(2.5e9)  # timed at 1 thread
-    # two ranks of 2 threads each on 2 cores share them: half the 2-thread rate each
-    assert timing.compute_rate(cal, 2, cpus_per_task=2)[0] == pytest.approx(0.8e10)
-
-
-def test_the_prediction_options_carry_the_recipes_cpus_per_task():
-    from tests.parity import make_recipe
-
-    recipe = make_recipe({"name": "ddp"}, world_size=2, launch={"cpus_per_task": 1})
-    assert timing.options_of(recipe)["cpus_per_task"] == 1
-    assert timing.options_of(make_recipe({"name": "ddp"}, world_size=2))["cpus_per_task"] is None
-
-
-def test_single_rank_has_no_communication_cost():
-    t = timing.predict_step_time(_profile("single", 1, comm={"all_reduce": (10**6, 1)}), _calibration())
-    assert t["comm_s"] == 0 and t["step_s"] == pytest.approx(10**9 / 1.6e10)
 
 
 # ---- the loop: recorded by the run, shown beside what the run measured ----------------------------
@@ -328,7 +163,7 @@ def test_a_run_records_its_prediction_and_the_report_sets_it_beside_the_measurem
 
     recipe = make_recipe({"name": "single"}, 1)
     run_dir = train_rank.new_run_dir(recipe, tmp_path / "runs")
-    predicted = prediction(recipe, _calibration())
+    predicted = prediction(recipe, hand_calibration())
     assert predicted["source"] in ("fake", "analytic") and predicted["step_time_s"] > 0, predicted
     run_record.record_predicted(run_dir, predicted)
     step_losses(recipe, run_dir)
