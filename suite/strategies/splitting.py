@@ -71,13 +71,18 @@ def resolve_split(split_at: list[int] | None, model: nn.Sequential, parts: int,
         key = "the balanced split (strategy.split_at left out)"
     else:
         _check_bounds(split_at, n, parts, key)
-    bounds = [0, *split_at, n]
+    if own_optimizers:
+        _check_every_part_trains(counts, split_at, key)
+    return list(split_at)
+
+
+def _check_every_part_trains(counts: list[int], split_at: list[int], key: str) -> None:
+    bounds = [0, *split_at, len(counts)]
     for number, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        if own_optimizers and not sum(counts[a:b]):
+        if not sum(counts[a:b]):
             raise SuiteError(f"{key}: part {number} (blocks {a}-{b - 1}) holds no parameters, so it has nothing to "
                              f"train; the model has {sum(c > 0 for c in counts)} blocks with parameters: use at most "
                              f"that many parts, or a split_at whose every part holds a layer with weights")
-    return list(split_at)
 
 
 def _check_bounds(split_at: list[int], n: int, parts: int, key: str) -> None:

@@ -88,7 +88,10 @@ class Watch:
         if self._failed_at is None:
             # The ranks gone without a word when the failure is first seen; one that recorded its
             # error is its cause, and ranks ending after it (its peers' connections closing) are echoes.
-            dead = [k for k in self._dead_ranks() if k not in run_record.error_ranks(self.run_dir)]
+            dead = self._dead_ranks()
+            if dead:  # the error files are read only when a rank is gone, not on every poll
+                recorded = run_record.error_ranks(self.run_dir)
+                dead = [k for k in dead if k not in recorded]
             if run_record.first_error(self.run_dir) or dead:
                 self._failed_at, self._dead_at_failure = time.time(), dead
         if self._failed_at is not None and time.time() - self._failed_at > self.grace_s and not self.ended:
