@@ -49,6 +49,8 @@ IN_STEP_ROUNDS = 5
 # layers do it: matmuls alone measured 2-3x less per call.
 IN_STEP_SLICES = ((8, 4), (16, 16))
 IN_STEP_BYTES = 4096
+BURST_CALLS = 8  # calls one after another after a slice of compute, per burst (time_burst)
+BURST_ROUNDS = 6  # bursts per timed round
 
 
 def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
@@ -154,11 +156,7 @@ def time_in_step(kinds, world: int, rank: int) -> dict:
                 call()
         return time.perf_counter() - t0
 
-    slices = []
-    for channels, batch in IN_STEP_SLICES:
-        conv = torch.nn.Conv2d(channels, channels, 3, padding=1)
-        images = torch.randn(batch, channels, 32, 32, requires_grad=True)
-        slices.append(lambda conv=conv, images=images: conv(images).sum().backward())
+    slices = [_compute_slice(*shape) for shape in IN_STEP_SLICES]
     out = []
     for kind in kinds:
         call = _op(kind, IN_STEP_BYTES, world, rank)
@@ -177,6 +175,45 @@ def time_in_step(kinds, world: int, rank: int) -> dict:
     per = 2 * len(slices)
     return {kind: [values[i * per + 2 * j: i * per + 2 * j + 2] for j in range(len(slices))]
             for i, kind in enumerate(kinds)}
+
+
+def _compute_slice(channels: int, batch: int):
+    import torch  # start-up: loads torch, numpy only when this runs
+
+    conv = torch.nn.Conv2d(channels, channels, 3, padding=1)
+    images = torch.randn(batch, channels, 32, 32, requires_grad=True)
+    return lambda: conv(images).sum().backward()
+
+
+def time_burst(world: int, rank: int) -> float:
+    """What one small all-reduce costs when ``BURST_CALLS`` follow one another after a slice of
+    compute (the larger of ``IN_STEP_SLICES``), as a per-tensor all-reduce after backward issues
+    them (``Overlap.back_to_back``); the slowest rank's. Neither the calls after a barrier
+    (``time_collectives``) nor those between slices of compute (``time_in_step``) tell it:
+    measured with gloo, one rank per core on 2 cores (2026-11-26), 1.7-2.2 ms per call of 64 B to
+    256 KiB in bursts of 1, 4 or 10 after 2 ms of compute, against 0.3 ms after a barrier and
+    0.85 ms between 0.4 ms slices; a run's per-tensor all-reduce paid 1.75 ms a call. Rounds with
+    and without the calls side by side, the median of their differences."""
+    import torch  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+
+    compute, call = _compute_slice(*IN_STEP_SLICES[-1]), _op("all_reduce", IN_STEP_BYTES, world, rank)
+
+    def timed(calls: int) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(BURST_ROUNDS):
+            compute()
+            for _ in range(calls):
+                call()
+        return time.perf_counter() - t0
+
+    timed(BURST_CALLS)  # warm-up
+    pairs = [(timed(0), timed(BURST_CALLS)) for _ in range(IN_STEP_ROUNDS)]
+    per_call = max(0.0, statistics.median(b - a for a, b in pairs)) / (BURST_ROUNDS * BURST_CALLS)
+    slowest = torch.tensor([per_call], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest)
 
 
 POOLED = ("all_reduce", "all_gather", "reduce_scatter")
@@ -214,15 +251,17 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
         progress = (lambda line: print(line, flush=True)) if ctx.rank == 0 else None
         points = time_collectives(kinds, message_sizes, ctx.world_size, ctx.rank, progress)
         in_step = time_in_step(kinds, ctx.world_size, ctx.rank)
+        burst = time_burst(ctx.world_size, ctx.rank)
         if progress:
             progress("  in a step      " + "  ".join(f"{k} " + "/".join(f"{t * 1e3:.2f}" for _, t in v) + " ms"
                                                      for k, v in in_step.items())
                      + " (between " + "/".join(f"{s * 1e3:.2f}" for s, _ in next(iter(in_step.values()))) + " ms of compute)")
+            progress(f"  in a burst     all_reduce {burst * 1e3:.2f} ms a call ({BURST_CALLS} after compute)")
         hosts = [None] * ctx.world_size
         dist.all_gather_object(hosts, network.node_name())  # Slurm's node names where it runs there
         import torch  # start-up: torch loads on the ranks only
 
-        return {"points": points, "in_step": in_step, "hosts": sorted(set(hosts)), "backend": ctx.backend,
+        return {"points": points, "in_step": in_step, "burst": burst, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
     finally:
         suite_dist.close()
@@ -306,7 +345,9 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
             got = run_local(w, message_sizes)
         measured = measured or got
         in_step = pooled(got.get("in_step") or {})
-        by_world[str(w)] = {kind: alpha_beta.fit(kind, w, [tuple(p) for p in points], in_step=in_step.get(kind))
+        # A burst's cost, like a call's in a step, is the wait for a core: the collectives share it.
+        by_world[str(w)] = {kind: alpha_beta.fit(kind, w, [tuple(p) for p in points], in_step=in_step.get(kind),
+                                                 burst=got.get("burst") if kind in POOLED else None)
                             for kind, points in got["points"].items()}
     print("measuring compute", flush=True)
     cores = len(os.sched_getaffinity(0))

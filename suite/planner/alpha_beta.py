@@ -69,11 +69,13 @@ def call_time_s(kind: str, world: int, n_bytes: float, alpha_s: float, beta_byte
     return ring
 
 
-def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None) -> dict:
+def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None, burst: float | None = None) -> dict:
     """alpha_s, beta_bytes_per_s from (bytes, seconds) measured at ``world`` ranks; with
     ``in_step`` ([[slice_s, seconds], ...]: a small call's cost between slices of compute,
     ``measure.time_in_step``), also ``step_alpha``: those costs as alpha (``/ a(world)``), which
-    the time model takes where larger than alpha (``step_alpha``).
+    the time model takes where larger than alpha (``step_alpha``); with ``burst`` (seconds: a small
+    call's cost among calls back to back after compute, ``measure.time_burst``), ``burst_alpha``,
+    taken for strategies whose calls follow one another so (``burst_alpha``).
 
     Least squares of t = c0 + c1 n weighted by 1/t, i.e. on relative error, so that the small
     messages (which fix alpha) count as much as the large ones (which fix beta). When noise (a
@@ -105,7 +107,18 @@ def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None) 
            "median_relative_error": sorted(errors)[len(errors) // 2]}
     if in_step and a:
         out["step_alpha"] = [[slice_s, t / a] for slice_s, t in sorted(in_step)]
+    if burst is not None and a:
+        out["burst_alpha"] = burst / a
     return out
+
+
+def burst_alpha(f: dict) -> float:
+    """The latency per call of calls issued back to back after compute: the larger of the fit's
+    alpha and the calibration's burst (``fit``); without a burst measured (a calibration from
+    before it), what a call costs between the shortest slices of compute."""
+    if "burst_alpha" in f:
+        return max(f["alpha_s"], f["burst_alpha"])
+    return step_alpha(f, 0.0)
 
 
 def step_alpha(f: dict, slice_s: float | None = None) -> float:

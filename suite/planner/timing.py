@@ -4,7 +4,9 @@
     copy_s    = profile.copy_bytes / copy rate
     comm_s    = sum over kinds k of  calls_k · a_k(N) · α'_k + b_k(N) · bytes_k / β_k   (alpha_beta)
                 α'_k = the larger of α_k and what a call costs between slices of compute as
-                long as this step's compute over its calls (alpha_beta.step_alpha)
+                long as this step's compute over its calls (alpha_beta.step_alpha); where the
+                strategy's calls follow one another after its compute, what a call costs in
+                such a burst (alpha_beta.burst_alpha)
     exposed   = comm_s - hidden,  hidden = min(Σ_k overlap_k · comm_k, window of compute)
     step_s    = compute_s / (1 - bubble) + copy_s + exposed_comm_s
                 bubble: (K-1)/(M+K-1) for K balanced stages and M chunks; less where the busiest
@@ -177,13 +179,16 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
     """Seconds per step of each collective kind the profile uses, over the link class its group
     crosses (``hardware.link_fits``). Each call's latency: the fit's alpha, or what a call costs
     between slices of compute as long as this step's (``compute_s`` over its calls) where the
-    calibration measured that (``alpha_beta.step_alpha``)."""
+    calibration measured that (``alpha_beta.step_alpha``); for a strategy whose calls follow one
+    another after its compute (``Overlap.back_to_back``), what a call in such a burst costs
+    (``alpha_beta.burst_alpha``)."""
     options = options or {}
     by_world = calibration.get("collectives_by_world") or {}
     measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
     out = {}
     total_calls = sum(c for c in profile.comm_calls.values() if c)
     slice_s = compute_s / total_calls if compute_s is not None and total_calls else None
+    back_to_back = rule(options)[1].back_to_back if options.get("name") or options.get("strategy") else False
     for kind, calls in profile.comm_calls.items():
         if not calls:
             continue
@@ -195,8 +200,9 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
         fits = group_fit or hardware.link_fits(calibration, link)
         source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
         f = fits[source]
+        alpha_s = alpha_beta.burst_alpha(f) if back_to_back else alpha_beta.step_alpha(f, slice_s)
         out[kind] = alpha_beta.call_time_s(kind, size, profile.comm_bytes.get(kind, 0),
-                                           alpha_beta.step_alpha(f, slice_s), f["beta_bytes_per_s"], calls,
+                                           alpha_s, f["beta_bytes_per_s"], calls,
                                            trees=calibration.get("backend") == "nccl")
         if group_fit and kind not in ("send", "recv"):
             out[kind] *= _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size,

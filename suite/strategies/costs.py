@@ -39,15 +39,19 @@ RULES = {"comm_rule": "communication rule", "overlap": "overlap rule",
 class Overlap:
     """Which collective kinds may run while the rank computes, the share of their time assumed
     hidden, and under which part of the compute ("backward" or "step": forward + backward);
-    ``bubble``: the strategy pipelines stages, which idle (K-1)/(M+K-1) of the step."""
+    ``bubble``: the strategy pipelines stages, which idle (K-1)/(M+K-1) of the step;
+    ``back_to_back``: its calls follow one another with no compute between them (after backward),
+    so each costs what the calibration measured for a call in such a burst (``alpha_beta.
+    burst_alpha``) rather than a call between slices of compute."""
     share: dict[str, float] = field(default_factory=dict)
     window: str = "backward"
     why: str = ""
     bubble: bool = False
+    back_to_back: bool = False
 
 
 NO_COMMUNICATION = Overlap(why="no communication")
-AFTER_BACKWARD = Overlap(why="one all-reduce of every gradient after backward: nothing hidden")
+AFTER_BACKWARD = Overlap(why="one all-reduce of every gradient after backward: nothing hidden", back_to_back=True)
 NOTHING_HIDDEN = Overlap(why="nothing assumed hidden: no overlap of its communication is modelled")
 PREFETCHED_UNITS = Overlap(
     {"all_gather": 0.5, "reduce_scatter": 0.5}, "step",

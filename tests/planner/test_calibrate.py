@@ -76,6 +76,16 @@ def test_a_call_in_a_step_costs_the_larger_of_alpha_and_the_in_step_cost_at_the_
     assert alpha_beta.step_alpha(low, 1e-3) == f["alpha_s"]  # never below the fit's alpha
 
 
+def test_calls_back_to_back_cost_the_larger_of_alpha_and_a_call_in_a_burst():
+    points, in_step = [(4096, 2e-4), (2**20, 1e-3), (2**22, 3e-3)], [[2.5e-3, 3e-3], [5e-4, 1e-3]]
+    f = alpha_beta.fit("all_reduce", 2, points, in_step=in_step, burst=4e-3)
+    assert f["burst_alpha"] == pytest.approx(4e-3 / 2)  # per a(2) = 2
+    assert alpha_beta.burst_alpha(f) == pytest.approx(2e-3)
+    assert alpha_beta.burst_alpha({**f, "burst_alpha": f["alpha_s"] / 10}) == f["alpha_s"]  # never below alpha
+    older = alpha_beta.fit("all_reduce", 2, points, in_step=in_step)  # a calibration from before bursts
+    assert "burst_alpha" not in older and alpha_beta.burst_alpha(older) == pytest.approx(5e-4)  # the shortest slice's
+
+
 # ---- the measurement -------------------------------------------------------------------------
 
 def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(tmp_path, monkeypatch):
@@ -112,7 +122,11 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     for kind, f in c["collectives"].items():
         assert [s for s, _ in f["step_alpha"]] == sorted(s for s, _ in f["step_alpha"]) and len(f["step_alpha"]) == 2
         assert all(s > 0 and a >= 0 for s, a in f["step_alpha"]), (kind, f["step_alpha"])
-    assert "in a step" in proc.stdout
+    # and a burst of small all-reduces after compute, which the collectives share
+    bursts = {k: f.get("burst_alpha") for k, f in c["collectives"].items()}
+    assert bursts["all_reduce"] > 0 and bursts["all_gather"] == bursts["reduce_scatter"] == bursts["all_reduce"] * 2
+    assert bursts["send"] is None and bursts["broadcast"] is None
+    assert "in a step" in proc.stdout and "in a burst" in proc.stdout
     table = proc.stdout
     assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
 

@@ -46,6 +46,22 @@ def test_allreduce_and_zero_1_2_expose_all_communication_unless_ranks_share_core
         assert busy["exposed_comm_s"] == pytest.approx(expected - busy["compute_s"])
 
 
+def test_allreduces_calls_back_to_back_cost_a_call_in_a_burst_and_ddps_a_call_between_compute():
+    """The per-tensor all-reduce issues its calls one after another after backward: each costs what
+    the calibration measured for a call in such a burst; DDP's buckets come between pieces of its
+    backward: what a call costs between slices of compute as long as the step's over its calls."""
+    fits = {k: {"alpha_s": ALPHA_S, "beta_bytes_per_s": BETA, "step_alpha": [[1e-3, 3 * ALPHA_S], [1e-2, 5 * ALPHA_S]],
+                "burst_alpha": 10 * ALPHA_S} for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")}
+    calibration = hand_calibration(fits=fits)
+    comm = {"all_reduce": (10**6, 10)}
+    bandwidth = 10**6 / BETA  # world 2: 2(N-1)/N = 1
+    flops = 10**8  # 10 ms at the hand-made 1-thread peak: 1 ms of compute per call
+    back_to_back = timing.predict_step_time(step_profile("allreduce", 2, flops=flops, comm=comm), calibration, {})
+    assert back_to_back["comm_s"] == pytest.approx(10 * 2 * 10 * ALPHA_S + bandwidth)
+    between = timing.predict_step_time(step_profile("ddp", 2, flops=flops, comm=comm), calibration, {})
+    assert between["comm_s"] == pytest.approx(10 * 2 * 3 * ALPHA_S + bandwidth)
+
+
 def test_ddp_hides_nothing_where_ranks_share_cores():
     """4 ranks on 2 cores: DDP's buckets are reduced behind the rank's own backward (gloo's thread),
     so the rank is computing, not waiting, while they run; with every core busy nothing of them
