@@ -14,7 +14,8 @@ of collectives sees: on a CPU, FSDP2 stepped ResNet-18 (width 0.25, batch 16) in
 rank against 34 ms for ``single``, and tensor parallelism a 2-layer transformer in 15.5 ms
 against 9.6 ms. The time model adds it to the rank's compute whole: it does not shrink with the
 rank's share of the FLOPs. One rank's collectives return at once, so neither timing holds any
-communication of the predicted world.
+communication of the predicted world. A pipeline, which cannot run as one rank, is timed stage by
+stage with and without the wrapper its stages carry (``stage_time``; data-parallel stages only).
 
 Never the measured steps of the configuration being predicted: one rank, no peers. The
 strategy's costs at the predicted world (collectives, copies, bubble) are added by the time model
@@ -87,9 +88,9 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
         return recipes.validate({**raw, "strategy": single})
 
 
-def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = False) -> str:
+def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = False, stages: bool = False) -> str:
     single = one_rank_recipe(recipe, own_strategy)
-    text = json.dumps({"model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
+    text = json.dumps({**({"stages": recipe.strategy.model_dump(mode="json")} if stages else {}),"model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
                        "strategy": single.strategy.model_dump(mode="json"),
                        "optimizer": single.optimizer.model_dump(mode="json"),
                        "batch": single.training.batch_size, "passes": single.training.grad_accumulation,
@@ -99,17 +100,52 @@ def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = Fals
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def time_step(recipe, threads: int, ready=None, own_strategy: bool = False) -> dict:
+def time_step(recipe, threads: int, ready=None, own_strategy: bool = False, stages: bool = False) -> dict:
     """Time a few training steps of ``recipe``'s model as one rank computes them (module doc):
     {"step_s", "flops", "flops_per_s" (None without FLOPs), "batch", "threads", "steps",
     "strategy" (the one timed)}: ``single``'s engine, or with ``own_strategy`` the recipe's own
-    as one rank (``one_rank_recipe``)."""
+    as one rank (``one_rank_recipe``). With ``stages``, the recipe's pipeline stages with and
+    without their wrapper (``stage_time``): {"step_s", "overhead_s", "strategy", ...}."""
+    if stages:
+        return _time_stages(recipe, threads, ready)
     return _time_engine(one_rank_recipe(recipe, own_strategy), threads, ready)
+
+
+def _group_of_one(device) -> None:
+    """A process group of this rank alone, in this process (a strategy's own code as one rank)."""
+    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+
+    if dist.is_initialized():
+        return
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")  # read by DeepSpeed's own set-up, never connected to
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def _time_stages(recipe, threads: int, ready=None) -> dict:
+    import torch  # start-up: loads torch, numpy only when this runs
+
+    from suite.planner import stage_time  # start-up: loads suite.planner only when this runs
+    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
+
+    one = one_rank_recipe(recipe)
+    device = torch.device("cuda" if one.launch.device == "cuda" else "cpu")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    _group_of_one(device)
+    if ready:
+        ready()
+    try:
+        with torch.random.fork_rng(devices=[]), prepare.default_dtype(one.training.precision):
+            got = stage_time.wrapper_cost(one, recipe.strategy, recipe.layout(), device)
+    finally:
+        torch.set_num_threads(before)
+    return {**got, "step_s": got["wrapped_s"], "threads": threads, "batch": one.training.batch_size,
+            "strategy": recipe.strategy.name, "flops": None, "flops_per_s": None}
 
 
 def _time_engine(one, threads: int, ready=None) -> dict:
     import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
     # start-up: loads torch, pydantic, suite.strategies only when this runs
     from suite import strategies
@@ -129,11 +165,8 @@ def _time_engine(one, threads: int, ready=None) -> dict:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     alone = one.strategy.name != "single"
-    if alone and not dist.is_initialized():  # a process group of this rank alone, in this process
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")  # read by DeepSpeed's own set-up, never connected to
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                                world_size=1)
+    if alone:
+        _group_of_one(device)
     try:
         with torch.random.fork_rng(devices=[]), prepare.default_dtype(one.training.precision):
             ctx = DistContext(0, 1, 0, 1, device, "gloo" if alone else "none", (device,))
@@ -160,19 +193,20 @@ def _time_engine(one, threads: int, ready=None) -> dict:
             "batch": one.training.batch_size, "threads": threads, "steps": len(times), "strategy": one.strategy.name}
 
 
-def timed(recipe, threads: int, together: int = 1, use_cache: bool = True, own_strategy: bool = False) -> dict:
+def timed(recipe, threads: int, together: int = 1, use_cache: bool = True, own_strategy: bool = False,
+          stages: bool = False) -> dict:
     """``time_step`` with ``together`` copies stepping at once (as many as the node's ranks that
     have a core: they share its memory bandwidth and caches), from this host's cache where it
     timed the same model and batch before."""
     path = cache_dir() / CACHE_FILE
-    key = cache_key(recipe, threads, together, own_strategy)
+    key = cache_key(recipe, threads, together, own_strategy, stages)
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
     if use_cache and key in cached:
         return {**cached[key], "cached": True}
-    result = time_in_fresh_process(recipe, threads, together, own_strategy)
+    result = time_in_fresh_process(recipe, threads, together, own_strategy, stages)
     cached[key] = {**result, "model": recipe.model.name, "timed_at": time.time()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +219,8 @@ def timed(recipe, threads: int, together: int = 1, use_cache: bool = True, own_s
 TIMEOUT_S = 300
 
 
-def time_in_fresh_process(recipe, threads: int, together: int = 1, own_strategy: bool = False) -> dict:
+def time_in_fresh_process(recipe, threads: int, together: int = 1, own_strategy: bool = False,
+                          stages: bool = False) -> dict:
     """``time_step`` in a new interpreter: the process predicting may be a rank that trained, or
     one forked from a process whose thread pools were already running, where a new engine's first
     parallel region can wait forever (seen: rank 0's prediction after training, in ranks forked
@@ -195,7 +230,7 @@ def time_in_fresh_process(recipe, threads: int, together: int = 1, own_strategy:
     from suite import recipe as recipes
 
     request = json.dumps({"recipe": recipes.dump(recipe), "threads": threads, "together": together,
-                          "own_strategy": own_strategy})
+                          "own_strategy": own_strategy, "stages": stages})
     code = "from suite.planner import model_time; model_time.child()"
     try:
         proc = subprocess.run([sys.executable, "-c", code], input=request, capture_output=True, text=True,
@@ -217,20 +252,22 @@ def child() -> None:
 
     request = json.loads(sys.stdin.read())
     recipe = recipes.validate(yaml.safe_load(request["recipe"]))
-    together, own = request.get("together", 1), request.get("own_strategy", False)
+    together, own, stages = request.get("together", 1), request.get("own_strategy", False), request.get("stages", False)
     if together <= 1:
-        print(json.dumps(time_step(recipe, request["threads"], own_strategy=own)), flush=True)
+        print(json.dumps(time_step(recipe, request["threads"], own_strategy=own, stages=stages)), flush=True)
         return
     # Forked before any compute in this fresh process (nothing to inherit but the imports).
-    results = compute.at_once(functools.partial(_copy_steps, recipe, request["threads"], own), together)
+    results = compute.at_once(functools.partial(_copy_steps, recipe, request["threads"], own, stages), together)
     step_s = statistics.fmean(r["step_s"] for r in results)
     first = results[0]
+    if stages:
+        first["overhead_s"] = statistics.fmean(r["overhead_s"] for r in results)
     print(json.dumps({**first, "step_s": step_s, "flops_per_s": first["flops"] / step_s if first["flops"] else None,
                       "together": together}), flush=True)
 
 
-def _copy_steps(recipe, threads, own, ready) -> dict:
-    return time_step(recipe, threads, ready=ready, own_strategy=own)
+def _copy_steps(recipe, threads, own, stages, ready) -> dict:
+    return time_step(recipe, threads, ready=ready, own_strategy=own, stages=stages)
 
 
 def rank_threads(calibration: dict, ranks_per_node: int, cpus_per_task: int | None = None) -> int:
@@ -257,6 +294,11 @@ def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: i
             own = timed(recipe, n_threads, together, own_strategy=True)
             overhead_s, strategy = max(0.0, own["step_s"] - result["step_s"]), own["strategy"]
         except RuntimeError:  # the strategy fails as one rank: its rules alone say what it costs
+            pass
+    elif recipe.strategy.stage_wrapper(recipe.layout()) is not None:
+        try:  # a pipeline: its stages' wrapper, timed stage by stage (stage_time)
+            overhead_s, strategy = timed(recipe, n_threads, together, stages=True)["overhead_s"], recipe.strategy.name
+        except RuntimeError:
             pass
     compute = dict(calibration["compute"])
     models = dict(compute.get("models") or {})

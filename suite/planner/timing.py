@@ -36,7 +36,8 @@ of one node without link classes: the fits timed at the run's world size
 
 rate, where the model was timed when predicting (``suite.planner.model_time``): its step's rate
 at this rank's threads, times the core share. Where the strategy was also timed as one rank of its
-own, the difference (``overhead_s``: its code's cost per step, its copies included) is added to
+own (a pipeline: its stages' data-parallel wrapper, ``stage_time``), the difference (``overhead_s``:
+its code's cost per step, its copies included) is added to
 ``compute_s`` whole, over the core share (it was timed on a core of its own), and ``copy_s`` is 0.
 A preset of other hardware (``per_device``): the device's peak at the recipe's precision times
 the preset's assumed efficiency.

@@ -109,6 +109,13 @@ class StrategyOptions(BaseModel):
         that share one replica, unless the strategy's optimizer steps other tensors (shards)."""
         return step.optimizer_bytes // step.parts
 
+    def stage_wrapper(self, layout: Layout):
+        """What wraps each pipeline stage's module on its rank besides the model, as
+        ``fn(module, mesh)`` over the stage's data-parallel mesh (FSDP2 with a pipeline's ``dp`` >
+        1), or None. The planner times a stage with and without it as one rank
+        (``suite.planner.stage_time``): a pipeline cannot run as one rank to time its own cost."""
+        return None
+
 
 def refuse_world_size(name: str, world: int, rule: str, fix: str):
     raise SuiteError(f"strategy {name} {rule}, but launch gives world size {world} "

@@ -89,6 +89,12 @@ class Options(StrategyOptions):
         share = layout.degree("pipeline") * (layout.dp_size if self.dp_mode == "fully_shard" else 1)
         return {k: v // share for k, v in total.items()}  # balanced stages: about 1/stages each
 
+    def stage_wrapper(self, layout):
+        # Each stage data-parallel over its dp group (build): what the planner times per stage.
+        if layout.dp_size == 1:
+            return None
+        return lambda module, mesh: _data_parallel(module, mesh, self.dp_mode)
+
 
 def bubble_formula(stages: int, micro_batches: int) -> float:
     """Idle fraction of GPipe/1F1B with equal stage times and free communication."""

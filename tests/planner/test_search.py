@@ -98,6 +98,33 @@ def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(
     assert model_time.timed(recipe, 1, 2, own_strategy=True)["cached"] is True
 
 
+def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_path, monkeypatch):
+    """A pipeline cannot run as one rank of its own; with dp > 1 each stage is wrapped (FSDP2),
+    which costs its rank per step whatever the stage's share of the FLOPs. Its stages are timed
+    one by one, plain and wrapped, and the difference is the rank's own cost, run on its share
+    of a core as the model's compute is."""
+    from tests.planner.hand_calibration import hand_calibration, step_profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = {"name": "mlp", "hidden": [64, 64, 64]}
+    plain = _recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, 1, 2, model)
+    assert plain.strategy.stage_wrapper(plain.layout()) is None  # dp 1: nothing wraps a stage
+    recipe = _recipe({"name": "pipeline", "stages": 2, "dp": 2, "micro_batches": 2}, 1, 4, model)
+    key = timing.model_key(recipe)
+    got = model_time.with_model_rate(hand_calibration(cores=2), recipe, key, 4)
+    entry = got["compute"]["models"][key]
+    assert entry["strategy"] == "pipeline" and entry["overhead_s"] > 0, entry
+    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_time.CACHE_FILE).read_text())
+    (stages,) = [e for e in cached.values() if "stage" in e]
+    assert stages["stage"] in (0, 1) and stages["wrapped_s"] > stages["plain_s"] > 0
+    options = {**timing.options_of(recipe), "model": key}
+    profile = step_profile("pipeline", 4, flops=10**6)
+    without = {**got, "compute": {**got["compute"], "models": {key: {**entry, "overhead_s": 0.0}}}}
+    added = (timing.predict_step_time(profile, got, options)["compute_s"]
+             - timing.predict_step_time(profile, without, options)["compute_s"])
+    assert added == pytest.approx(entry["overhead_s"] / 0.5)  # 4 ranks on 2 cores: half a core each
+
+
 def test_a_strategy_is_timed_as_one_rank_of_its_own_with_its_degrees_dropped_where_it_can_be():
     def alone(strategy, per_node=2, **training):
         return model_time.one_rank_recipe(_recipe(strategy, 1, per_node, **training), own_strategy=True)

@@ -1,0 +1,92 @@
+"""What a pipeline rank's own code costs besides its stage's model: the data-parallel wrapper on
+its stage (``strategy.stage_wrapper``: FSDP2's ``fully_shard`` or ``replicate`` with ``dp`` > 1),
+timed one stage at a time as a process group of one (``suite.planner.model_time`` runs it in a
+fresh interpreter and caches it).
+
+A pipeline cannot run as one rank, so its ``overhead_s`` was 0 and a pipeline x data-parallel run
+was predicted as if its stages were plain modules. They are not: each stage's parameters are
+DTensors, its micro-batches pass the wrapper's hooks and its optimizer steps sharded tensors.
+Measured on a CPU thread, 4 micro-batches of 8 through a one-stage schedule: the MLP [512, 512]'s
+stages 2.0 and 1.8 ms plain, 3.4 and 3.4 ms under ``fully_shard``; the CNN's 4.1 and 0.8 ms
+against 5.9 and 2.0 ms: a cost per stage of 1.2-1.8 ms that the stage's share of the FLOPs does
+not tell (the light stage pays as much as the heavy one).
+
+Each stage is cut as the pipeline cuts it, fed the activations the stages before it produce, and
+stepped through a one-stage GPipe schedule of the run's micro-batches with its optimizer, once
+plain and once wrapped over a mesh of one rank, in alternating rounds; the wrapper's cost is the
+median difference, of the stage whose wrapped step is the longest (the one that sets the pace)."""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+ROUNDS = 7  # alternating plain / wrapped rounds
+STEPS = 3  # steps per round (after WARMUP)
+WARMUP = 2
+
+
+def wrapper_cost(one, strategy, layout, device) -> dict:
+    """{"overhead_s", "stage", "plain_s", "wrapped_s"}: the wrapper's cost per step on the stage
+    that steps longest wrapped. ``one``: the recipe as one rank (``model_time.one_rank_recipe``:
+    strategy single at the data-parallel rank's batch, its chunks as passes); ``strategy``,
+    ``layout``: the pipeline's options and layout; the process group of one is initialised."""
+    import torch  # start-up: loads torch, numpy only when this runs
+    from torch.distributed.device_mesh import init_device_mesh  # start-up: loads torch only when this runs
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # start-up: loads torch only when this runs
+
+    # start-up: loads torch, suite.compat, suite.planner only when this runs
+    from suite.planner.counting import fake_batch
+    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
+    from suite.strategies.context import DistContext  # start-up: loads torch, suite.strategies only when this runs
+    from suite.strategies.splitting import cut, resolve_split  # start-up: loads torch only when this runs
+    from suite.train.rank import make_setup  # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
+
+    wrap = strategy.stage_wrapper(layout)
+    chunks = layout.pipeline_chunks
+    ctx = DistContext(0, 1, 0, 1, device, "gloo", (device,))
+    setup = make_setup(one, ctx)
+    model = setup.prepare(setup.build_model().to(device))
+    parts = cut(model, resolve_split(strategy.split_at, model, layout.degree("pipeline"), own_optimizers=True))
+    inputs, _ = fake_batch(one, one.training.batch_size)
+    if (dtype := prepare.input_dtype(one.training.precision)) is not None and inputs.is_floating_point():
+        inputs = inputs.to(dtype)
+    feeds = [inputs.to(device)]
+    with torch.no_grad():
+        for part in parts[:-1]:
+            feeds.append(part(feeds[-1]))
+    mesh = init_device_mesh(device.type, (1,))
+
+    def stepper(module, feed):
+        stage = PipelineStage(module, 0, 1, device)
+        schedule = ScheduleGPipe(stage, n_microbatches=chunks, loss_fn=lambda out, target: out.float().mean())
+        optimizer = setup.make_optimizer(module.parameters())
+        target = torch.zeros(len(feed), device=device)
+
+        def step():
+            schedule.step(feed, target=target)
+            optimizer.step()
+            optimizer.zero_grad()
+        return step
+
+    results = []
+    for index, (part, feed) in enumerate(zip(parts, feeds)):
+        wrapped = copy.deepcopy(part)
+        wrap(wrapped, mesh)
+        steps = {"plain": stepper(part, feed), "wrapped": stepper(wrapped, feed)}
+        for step in steps.values():
+            for _ in range(WARMUP):
+                step()
+        times = {name: [] for name in steps}
+        for _ in range(ROUNDS):
+            for name, step in steps.items():
+                ctx.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(STEPS):
+                    step()
+                ctx.synchronize()
+                times[name].append((time.perf_counter() - t0) / STEPS)
+        plain, with_wrapper = statistics.median(times["plain"]), statistics.median(times["wrapped"])
+        cost = statistics.median(w - p for p, w in zip(times["plain"], times["wrapped"]))
+        results.append({"stage": index, "plain_s": plain, "wrapped_s": with_wrapper, "overhead_s": max(0.0, cost)})
+    return max(results, key=lambda r: r["wrapped_s"])
