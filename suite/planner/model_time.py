@@ -90,7 +90,9 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
 
 def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = False, stages: bool = False) -> str:
     single = one_rank_recipe(recipe, own_strategy)
-    text = json.dumps({**({"stages": recipe.strategy.model_dump(mode="json")} if stages else {}),"model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
+    # With stages: the pipeline's own options (split, micro-batches, dp mode) decide what is timed.
+    timed_as = {"stages": recipe.strategy.model_dump(mode="json")} if stages else {}
+    text = json.dumps({**timed_as, "model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
                        "strategy": single.strategy.model_dump(mode="json"),
                        "optimizer": single.optimizer.model_dump(mode="json"),
                        "batch": single.training.batch_size, "passes": single.training.grad_accumulation,
