@@ -76,3 +76,11 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> l
                 p.kill()
             p.join(5)
     return results
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a command a test interrupts with SIGINT: SIGINT's default handling, as in
+    a terminal. A test session started in the background from a script (``cmd &``) has SIGINT
+    ignored, which every command it starts inherits: Python then never raises KeyboardInterrupt
+    and a Ctrl-C test fails for a reason of the launch, not of the suite."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -19,6 +19,7 @@ from suite.submit import cli
 from suite.common import mpi as rank_mpi
 from suite.train import dist
 from tests.parity import BASE, assert_matches, make_recipe
+from tests.harness import interruptible
 
 
 def write_recipe(tmp_path, strategy: dict, **launch) -> str:
@@ -87,7 +88,7 @@ def test_ctrl_c_stops_the_mpi_ranks_with_a_checkpoint(tmp_path):
     recipe = write_recipe(tmp_path, {"name": "allreduce", "transport": "mpi"})
     out = tmp_path / "runs"
     proc = submit(recipe, out, "training.max_steps=100000", "training.epochs=1000", "training.log_every_steps=1",
-                  start_new_session=True)
+                  start_new_session=True, preexec_fn=interruptible)
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None:
         runs = [p for p in out.glob("*/metrics.jsonl")] if out.exists() else []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from suite.record import run_record
-from tests.harness import run_ranks
+from tests.harness import interruptible, run_ranks
 from tests.parity import make_recipe
 from tests.train.test_resume import RESUMABLE, run_until_stopped, steps_by_number
 
@@ -63,7 +63,7 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.parametrize("how", ["terminal", "submit-only"])
 def test_ctrl_c_cancels_the_run_keeps_its_steps_and_resume_matches_an_uninterrupted_run(how, uninterrupted, tmp_path):
     # "terminal": Ctrl-C reaches the whole foreground process group; "submit-only": kill -INT <pid>.
-    proc = submit(tmp_path, *LONG, start_new_session=True)
+    proc = submit(tmp_path, *LONG, start_new_session=True, preexec_fn=interruptible)
     wait_for_steps(tmp_path, 40, proc)
     interrupted = time.time()
     if how == "terminal":
