@@ -219,8 +219,8 @@ def build(opts: Options, setup) -> PipelineStageEngine:
     model = setup.build_model()
     module = cut(model, resolve_split(opts.split_at, model, stages, own_optimizers=True))[stage_index].to(ctx.device)
     module = setup.prepare(module)
-    if layout.dp_size > 1:
-        _data_parallel(module, mesh["data"], opts.dp_mode)
+    if (wrap := opts.stage_wrapper(layout)) is not None:  # data-parallel stages (dp > 1)
+        wrap(module, mesh["data"])
     stage = torch_compat.timed_stage_class(ctx.synchronize)(module, stage_index, stages, ctx.device, group=pp_group)
     task = setup.task
     schedule_cls = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
