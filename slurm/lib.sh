@@ -118,7 +118,10 @@ link_present() {
 # --- slow nodes (--node-cpu) -------------------------------------------------
 # A node's CPU capped through cgroup v1's cpu controller: its slurmd starts inside the group, and
 # every job step it runs inherits it (slurm.conf.in: proctrack/linuxproc, task/none: Slurm moves
-# no process into cgroups of its own). Quota = share x the node's CPUs (slurm.conf) x period.
+# no process into cgroups of its own). Quota = share x the node's CPUs (slurm.conf) x period, the
+# period 10 ms rather than the kernel's 100 ms (as suite.common.cpu_cap's for a rank: a step of a
+# few ms is then throttled alike wherever it falls in a period), longer where the quota would be
+# under the kernel's least, 1 ms.
 CPU_ROOT=/sys/fs/cgroup/cpu
 cpu_group() { echo "$CPU_ROOT/slurm-$1"; }
 
@@ -127,7 +130,9 @@ cpu_cap_up() {
   local group period; group=$(cpu_group "$1")
   [ -e "$CPU_ROOT/cpu.cfs_quota_us" ] || { echo "cgroup v1's cpu controller is not mounted at $CPU_ROOT" >&2; return 1; }
   mkdir -p "$group"
-  period=$(cat "$group/cpu.cfs_period_us")
+  period=10000
+  while (( period * $3 * $2 / 100 < 1000 && period < 1000000 )); do period=$(( period * 2 )); done
+  echo "$period" >"$group/cpu.cfs_period_us"
   echo $(( period * $3 * $2 / 100 )) >"$group/cpu.cfs_quota_us"
 }
 

@@ -2,16 +2,21 @@
 
 ``launch.rank_cpu: {1: 50%}`` makes rank 1 put its own process into a group of its own under
 ``/sys/fs/cgroup/cpu/scalesuite/`` whose ``cpu.cfs_quota_us`` is the percentage of the CPUs the
-rank is given (its threads) times ``cpu.cfs_period_us`` (100 ms): at 50% it runs for half of each
-period and is throttled for the rest, so it computes at about half its speed, with its threads
+rank is given (its threads) times ``cpu.cfs_period_us`` (set to 10 ms, PERIOD_US): at 50% it runs for
+half of each period and is throttled for the rest, so it computes at about half its speed, with its threads
 (gloo's included) and any children it starts, which inherit the group. The rank leaves the group
 and removes it when it ends; a group left behind by a killed rank is empty and removed by the next
 capped rank (``remove_stale``). The same controller caps a whole Slurm node
 (``slurm/start.sh --node-cpu n2=50%``: its slurmd and every job step under it).
 
-What it emulates: a slower CPU, on average over periods of 100 ms. Not a slower CPU within a
+What it emulates: a slower CPU, on average over periods of 10 ms. Not a slower CPU within a
 period (the rank runs at full speed until its quota is spent), and nothing of memory bandwidth
-or caches. Needs root and cgroup v1 (the ``cpu`` hierarchy mounted at ``CPU_ROOT``); elsewhere a
+or caches. The period is the kernel's default of 100 ms no longer: a step of a few ms then ran at
+full speed or stalled for most of a period, depending on where in the period it fell, and the
+stalls could land in the rank's wait for its peers rather than in its compute (CI, 2026-11-26: a
+rank capped at 25 % recorded less compute per step than its uncapped peer). At 10 ms every step
+of a few ms is throttled alike. A share too small for 1 ms of quota per 10 ms (the kernel's
+least) gets a longer period instead. Needs root and cgroup v1 (the ``cpu`` hierarchy mounted at ``CPU_ROOT``); elsewhere a
 one-line error before training.
 
 ``quota_of_process`` reads back whatever cap this process is under (its own or its node's), for
@@ -26,6 +31,8 @@ from suite.common.errors import SuiteError
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 GROUPS = "scalesuite"  # under CPU_ROOT: one group per capped rank process
+PERIOD_US = 10_000  # the CFS period of a capped rank's group (module doc)
+MIN_QUOTA_US = 1_000  # the kernel refuses a quota below 1 ms
 
 
 def percent(text: str, key: str) -> float:
@@ -65,13 +72,21 @@ def cap_this_process(share_percent: float, cpus: float, name: str, key: str) -> 
     group = CPU_ROOT / GROUPS / f"{name}-{os.getpid()}"
     try:
         group.mkdir(parents=True, exist_ok=True)
-        period = int((group / "cpu.cfs_period_us").read_text())
-        quota = max(1000, int(period * cpus * share_percent / 100))  # the kernel takes 1 ms at least
+        period, quota = period_and_quota(share_percent, cpus)
+        (group / "cpu.cfs_period_us").write_text(str(period))
         (group / "cpu.cfs_quota_us").write_text(str(quota))
         (group / "cgroup.procs").write_text(str(os.getpid()))
     except OSError as e:
         raise SuiteError(f"{key}: cannot cap this rank's CPU in {group} ({e.strerror}); it needs root") from None
     return CpuCap(group)
+
+
+def period_and_quota(share_percent: float, cpus: float) -> tuple[int, int]:
+    """(cfs_period_us, cfs_quota_us) for ``share_percent`` of ``cpus`` CPUs: PERIOD_US, or a
+    longer period where the quota would be under the kernel's 1 ms (at most its 1 s)."""
+    fraction = cpus * share_percent / 100
+    period = min(1_000_000, max(PERIOD_US, int(-(-MIN_QUOTA_US // fraction))))
+    return period, max(MIN_QUOTA_US, int(period * fraction))
 
 
 def remove_stale() -> None:
