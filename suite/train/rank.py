@@ -69,6 +69,7 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
         except BaseException as e:
             _record_error(run_dir, ctx.rank, e)
             _export_wandb(recipe, ctx, run_dir)
+            _release_frames(e)
             raise
         _export_wandb(recipe, ctx, run_dir)
     finally:
@@ -76,6 +77,20 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
             cap.release()
         sdist.close()
     return run_dir
+
+
+def _release_frames(error: BaseException) -> None:
+    """Drop the locals of the finished frames a failure passed through (its traceback, already in
+    the rank's error file, keeps its lines), so that ``sdist.close`` frees the process group and
+    its connections close now. Held by the engine in a frame of the traceback, a gloo group stayed
+    open while the exception went on up: in the warm ranks' pool, where a failed rank's process
+    lives on to reap its forked peers, those peers then waited in their collective for the
+    follower's grace time (15 s) instead of failing at once with "Connection closed by peer"."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)  # skips the frames still running (this one's callers)
+        error = error.__context__
 
 
 def _cap_cpu(launch, ctx):

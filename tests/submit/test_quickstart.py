@@ -63,6 +63,10 @@ def test_a_rank_that_raises_fails_the_job_promptly_with_its_error(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_rank"] == 0
     assert len(read_metrics(run_dir, kind="step", rank=0)) >= 4  # what was logged is kept
+    # Its peers failed on their own as its connections closed (each recorded why), rather than wait
+    # in their collective until the follower's grace time ran out and it killed them: the failed
+    # rank's process lives on in the warm-ranks pool, and used to hold its process group open.
+    assert sorted(p.name for p in (run_dir / "errors").iterdir()) == [f"rank{k}.txt" for k in range(4)]
 
 
 def test_a_rank_that_is_killed_is_named_as_the_cause_not_its_peers(tmp_path):
