@@ -15,7 +15,7 @@ rank against 34 ms for ``single``, and tensor parallelism a 2-layer transformer 
 against 9.6 ms. The time model adds it to the rank's compute whole: it does not shrink with the
 rank's share of the FLOPs. One rank's collectives return at once, so neither timing holds any
 communication of the predicted world. A pipeline, which cannot run as one rank, is timed stage by
-stage with and without the wrapper its stages carry (``stage_time``; data-parallel stages only).
+stage through its own schedule, with and without the wrapper its stages carry (``stage_time``).
 
 Never the measured steps of the configuration being predicted: one rank, no peers. The
 strategy's costs at the predicted world (collectives, copies, bubble) are added by the time model
@@ -91,7 +91,8 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
 def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = False, stages: bool = False) -> str:
     single = one_rank_recipe(recipe, own_strategy)
     # With stages: the pipeline's own options (split, micro-batches, dp mode) decide what is timed.
-    timed_as = {"stages": recipe.strategy.model_dump(mode="json")} if stages else {}
+    # (A timing from before each stage's own step was kept, "stage_s", is not found again.)
+    timed_as = {"stages": recipe.strategy.model_dump(mode="json"), "keeps": "stage_s"} if stages else {}
     text = json.dumps({**timed_as, "model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
                        "strategy": single.strategy.model_dump(mode="json"),
                        "optimizer": single.optimizer.model_dump(mode="json"),
@@ -139,7 +140,7 @@ def _time_stages(recipe, threads: int, ready=None) -> dict:
         ready()
     try:
         with torch.random.fork_rng(devices=[]), prepare.default_dtype(one.training.precision):
-            got = stage_time.wrapper_cost(one, recipe.strategy, recipe.layout(), device)
+            got = stage_time.stage_times(one, recipe.strategy, recipe.layout(), device)
     finally:
         torch.set_num_threads(before)
     return {**got, "step_s": got["wrapped_s"], "threads": threads, "batch": one.training.batch_size,
@@ -290,22 +291,23 @@ def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: i
     result = timed(recipe, n_threads, together)
     if not result.get("flops_per_s"):
         return calibration
-    overhead_s, strategy = 0.0, "single"
+    overhead_s, strategy, stage_s = 0.0, "single", None
     if one_rank_recipe(recipe, own_strategy=True).strategy.name != "single":
         try:
             own = timed(recipe, n_threads, together, own_strategy=True)
             overhead_s, strategy = max(0.0, own["step_s"] - result["step_s"]), own["strategy"]
         except RuntimeError:  # the strategy fails as one rank: its rules alone say what it costs
             pass
-    elif recipe.strategy.stage_wrapper(recipe.layout()) is not None:
-        try:  # a pipeline: its stages' wrapper, timed stage by stage (stage_time)
-            overhead_s, strategy = timed(recipe, n_threads, together, stages=True)["overhead_s"], recipe.strategy.name
+    elif recipe.strategy.stage_schedule(recipe.layout()) is not None:
+        try:  # a pipeline: its stages, and their wrapper, timed stage by stage (stage_time)
+            got = timed(recipe, n_threads, together, stages=True)
+            overhead_s, strategy, stage_s = got["overhead_s"], recipe.strategy.name, got.get("stage_s")
         except RuntimeError:
             pass
     compute = dict(calibration["compute"])
     models = dict(compute.get("models") or {})
     models[model_key] = {"flops_per_s": result["flops_per_s"], "threads": n_threads, "step_s": result["step_s"],
                          "rank_batch": result["batch"], "timed": "when predicted", "together": together,
-                         "strategy": strategy, "overhead_s": overhead_s}
+                         "strategy": strategy, "overhead_s": overhead_s, "stage_s": stage_s}
     compute["models"] = models
     return {**calibration, "compute": compute}

@@ -1,20 +1,33 @@
-"""What a pipeline rank's own code costs besides its stage's model: the data-parallel wrapper on
-its stage (``strategy.stage_wrapper``: FSDP2's ``fully_shard`` or ``replicate`` with ``dp`` > 1),
-timed one stage at a time as a process group of one (``suite.planner.model_time`` runs it in a
-fresh interpreter and caches it).
+"""A pipeline rank's compute, timed stage by stage as a process group of one
+(``suite.planner.model_time`` runs it in a fresh interpreter and caches it): each stage's own step,
+and what the data-parallel wrapper on its stage (``strategy.stage_wrapper``: FSDP2's
+``fully_shard`` or ``replicate`` with ``dp`` > 1) adds to it.
 
-A pipeline cannot run as one rank, so its ``overhead_s`` was 0 and a pipeline x data-parallel run
-was predicted as if its stages were plain modules. They are not: each stage's parameters are
-DTensors, its micro-batches pass the wrapper's hooks and its optimizer steps sharded tensors.
-Measured on a CPU thread, 4 micro-batches of 8 through a one-stage schedule: the MLP [512, 512]'s
-stages 2.0 and 1.8 ms plain, 3.4 and 3.4 ms under ``fully_shard``; the CNN's 4.1 and 0.8 ms
-against 5.9 and 2.0 ms: a cost per stage of 1.2-1.8 ms that the stage's share of the FLOPs does
-not tell (the light stage pays as much as the heavy one).
+A stage's step is not its share of the FLOPs of the whole model's step. Its optimizer updates its
+own weights only (ResNet-18's first stage holds 89 % of the FLOPs and few of the weights), and its
+schedule costs what the whole model's step does not: GPipe keeps every chunk's activations until
+its backward (the same first stage stepped alone in 70 ms through GPipe, 64 ms through 1F1B and
+63 ms as plain accumulation passes, on one CPU thread). Re-predicting pipeline runs measured
+before (2026-11-26; all but ResNet-18's and the transformer's not looked at while making this)
+with the busiest stage's own step in place of its FLOP share: GPipe and 1F1B at world 2 (14 runs)
+within 1-61 % (median 16 %) where they were 6-80 % (median 22 %); pipeline x dp at world 4 (12)
+median 28 % against 27 %; GPipe and 1F1B at world 4, where 4 ranks share 2 cores and the node's
+total work sets the pace, as before. Timed twice, a stage's step differs by a few per cent, as
+much as GPipe's cost over 1F1B on most models: their order is often still a toss-up.
+
+The wrapper: a pipeline cannot run as one rank, so its ``overhead_s`` was 0 and a pipeline x
+data-parallel run was predicted as if its stages were plain modules. They are not: each stage's
+parameters are DTensors, its micro-batches pass the wrapper's hooks and its optimizer steps
+sharded tensors. Measured on a CPU thread, 4 micro-batches of 8 through a one-stage schedule: the
+MLP [512, 512]'s stages 2.0 and 1.8 ms plain, 3.4 and 3.4 ms under ``fully_shard``; the CNN's 4.1
+and 0.8 ms against 5.9 and 2.0 ms: a cost per stage of 1.2-1.8 ms that the stage's share of the
+FLOPs does not tell (the light stage pays as much as the heavy one).
 
 Each stage is cut as the pipeline cuts it, fed the activations the stages before it produce, and
-stepped through a one-stage GPipe schedule of the run's micro-batches with its optimizer, once
-plain and once wrapped over a mesh of one rank, in alternating rounds; the wrapper's cost is the
-median difference, of the stage whose wrapped step is the longest (the one that sets the pace)."""
+stepped through a one-stage schedule of the run's own kind (``strategy.stage_schedule``: GPipe or
+1F1B) over the run's micro-batches with its optimizer; with a wrapper, once plain and once wrapped
+over a mesh of one rank, in alternating rounds, the wrapper's cost the median difference on the
+stage whose wrapped step is the longest (the one that sets the pace)."""
 from __future__ import annotations
 
 import copy
@@ -22,18 +35,20 @@ import statistics
 import time
 
 ROUNDS = 7  # alternating plain / wrapped rounds
+ROUNDS_PLAIN = 5  # rounds where there is no wrapper to set against the plain stage
 STEPS = 3  # steps per round (after WARMUP)
 WARMUP = 2
 
 
-def wrapper_cost(one, strategy, layout, device) -> dict:
-    """{"overhead_s", "stage", "plain_s", "wrapped_s"}: the wrapper's cost per step on the stage
-    that steps longest wrapped. ``one``: the recipe as one rank (``model_time.one_rank_recipe``:
+def stage_times(one, strategy, layout, device) -> dict:
+    """{"stage_s": each stage's step alone, plain; "overhead_s", "stage", "plain_s", "wrapped_s":
+    the wrapper's cost per step on the stage that steps longest wrapped (0 and the slowest plain
+    stage without a wrapper)}. ``one``: the recipe as one rank (``model_time.one_rank_recipe``:
     strategy single at the data-parallel rank's batch, its chunks as passes); ``strategy``,
     ``layout``: the pipeline's options and layout; the process group of one is initialised."""
     import torch  # start-up: loads torch, numpy only when this runs
     from torch.distributed.device_mesh import init_device_mesh  # start-up: loads torch only when this runs
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # start-up: loads torch only when this runs
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # start-up: loads torch only when this runs
 
     # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner.counting import fake_batch
@@ -43,6 +58,7 @@ def wrapper_cost(one, strategy, layout, device) -> dict:
     from suite.train.rank import make_setup  # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
 
     wrap = strategy.stage_wrapper(layout)
+    schedule_cls = Schedule1F1B if strategy.stage_schedule(layout) == "1f1b" else ScheduleGPipe
     chunks = layout.pipeline_chunks
     ctx = DistContext(0, 1, 0, 1, device, "gloo", (device,))
     setup = make_setup(one, ctx)
@@ -59,7 +75,7 @@ def wrapper_cost(one, strategy, layout, device) -> dict:
 
     def stepper(module, feed):
         stage = PipelineStage(module, 0, 1, device)
-        schedule = ScheduleGPipe(stage, n_microbatches=chunks, loss_fn=lambda out, target: out.float().mean())
+        schedule = schedule_cls(stage, n_microbatches=chunks, loss_fn=lambda out, target: out.float().mean())
         optimizer = setup.make_optimizer(module.parameters())
         target = torch.zeros(len(feed), device=device)
 
@@ -71,14 +87,16 @@ def wrapper_cost(one, strategy, layout, device) -> dict:
 
     results = []
     for index, (part, feed) in enumerate(zip(parts, feeds)):
-        wrapped = copy.deepcopy(part)
-        wrap(wrapped, mesh)
-        steps = {"plain": stepper(part, feed), "wrapped": stepper(wrapped, feed)}
+        steps = {"plain": stepper(part, feed)}
+        if wrap is not None:
+            wrapped = copy.deepcopy(part)
+            wrap(wrapped, mesh)
+            steps["wrapped"] = stepper(wrapped, feed)
         for step in steps.values():
             for _ in range(WARMUP):
                 step()
         times = {name: [] for name in steps}
-        for _ in range(ROUNDS):
+        for _ in range(ROUNDS if wrap is not None else ROUNDS_PLAIN):
             for name, step in steps.items():
                 ctx.synchronize()
                 t0 = time.perf_counter()
@@ -86,7 +104,11 @@ def wrapper_cost(one, strategy, layout, device) -> dict:
                     step()
                 ctx.synchronize()
                 times[name].append((time.perf_counter() - t0) / STEPS)
-        plain, with_wrapper = statistics.median(times["plain"]), statistics.median(times["wrapped"])
+        plain = statistics.median(times["plain"])
+        if wrap is None:
+            results.append({"stage": index, "plain_s": plain, "wrapped_s": plain, "overhead_s": 0.0})
+            continue
         cost = statistics.median(w - p for p, w in zip(times["plain"], times["wrapped"]))
-        results.append({"stage": index, "plain_s": plain, "wrapped_s": with_wrapper, "overhead_s": max(0.0, cost)})
-    return max(results, key=lambda r: r["wrapped_s"])
+        results.append({"stage": index, "plain_s": plain, "wrapped_s": statistics.median(times["wrapped"]),
+                        "overhead_s": max(0.0, cost)})
+    return {**max(results, key=lambda r: r["wrapped_s"]), "stage_s": [r["plain_s"] for r in results]}

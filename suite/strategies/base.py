@@ -116,6 +116,12 @@ class StrategyOptions(BaseModel):
         (``suite.planner.stage_time``): a pipeline cannot run as one rank to time its own cost."""
         return None
 
+    def stage_schedule(self, layout: Layout) -> str | None:
+        """The schedule ("gpipe" or "1f1b") each pipeline stage steps through on its rank, cut as
+        ``suite.strategies.splitting`` cuts it, or None where the strategy has no such stages: the
+        planner then times each stage alone through it (``suite.planner.stage_time``)."""
+        return None
+
 
 def refuse_world_size(name: str, world: int, rule: str, fix: str):
     raise SuiteError(f"strategy {name} {rule}, but launch gives world size {world} "

@@ -89,6 +89,9 @@ class Options(StrategyOptions):
         share = layout.degree("pipeline") * (layout.dp_size if self.dp_mode == "fully_shard" else 1)
         return {k: v // share for k, v in total.items()}  # balanced stages: about 1/stages each
 
+    def stage_schedule(self, layout):
+        return self.schedule if layout.degree("pipeline") > 1 else None
+
     def stage_wrapper(self, layout):
         # Each stage data-parallel over its dp group (build): what the planner times per stage.
         if layout.dp_size == 1:

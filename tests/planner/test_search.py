@@ -125,6 +125,34 @@ def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_pa
     assert added == pytest.approx(entry["overhead_s"] / 0.5)  # 4 ranks on 2 cores: half a core each
 
 
+def test_a_pipelines_compute_is_its_busiest_stage_timed_alone_through_its_own_schedule(tmp_path, monkeypatch):
+    """A stage of many FLOPs and few weights (an MLP whose first layer is wide) is not its FLOP
+    share of the whole model's step: each stage is stepped alone through the pipeline's schedule
+    with its optimizer, and the busiest one's step, with its share of all of them, sets the rank's
+    compute and bubble."""
+    from tests.planner.hand_calibration import hand_calibration, step_profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = {"name": "mlp", "hidden": [256, 32, 32]}
+    for schedule in ("gpipe", "1f1b"):
+        recipe = _recipe({"name": "pipeline", "stages": 2, "micro_batches": 2, "schedule": schedule}, 1, 2, model)
+        assert recipe.strategy.stage_schedule(recipe.layout()) == schedule
+        key = timing.model_key(recipe)
+        got = model_time.with_model_rate(hand_calibration(cores=2), recipe, key, 2)
+        entry = got["compute"]["models"][key]
+        assert entry["strategy"] == "pipeline" and entry["overhead_s"] == 0.0  # dp 1: no wrapper
+        assert len(entry["stage_s"]) == 2 and min(entry["stage_s"]) > 0, entry
+        options = {**timing.options_of(recipe), "model": key}
+        profile = step_profile("pipeline", 2, flops=10**6)
+        t = timing.predict_step_time(profile, got, options)
+        busiest, total = max(entry["stage_s"]), sum(entry["stage_s"])
+        assert t["compute_s"] == pytest.approx(busiest)  # a core each: the busiest stage's step
+        assert t["bubble"] == pytest.approx(timing.pipeline_bubble(2, 2, busiest / total))
+        assert "stages timed one by one" in t["rate"]
+    # Not a pipeline: no stages to time.
+    assert _recipe({"name": "ddp"}, 1, 2, model).strategy.stage_schedule(_recipe({"name": "ddp"}, 1, 2).layout()) is None
+
+
 def test_a_strategy_is_timed_as_one_rank_of_its_own_with_its_degrees_dropped_where_it_can_be():
     def alone(strategy, per_node=2, **training):
         return model_time.one_rank_recipe(_recipe(strategy, 1, per_node, **training), own_strategy=True)
