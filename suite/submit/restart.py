@@ -177,10 +177,17 @@ def _failed_nodes(failure, job_id: str) -> list[str]:
 
 
 def _unusable_of(node_list: str) -> list[str]:
-    """The nodes of a Slurm node list ("n[1-2]") that sinfo now reports unusable."""
-    names = (_run("scontrol", "show", "hostnames", node_list) or "").split()
-    states = _node_states() or {}
-    return [n for n in names if n in states and not states[n]]
+    """The nodes of a Slurm node list ("n[1-2]") that sinfo now reports unusable. One sinfo call
+    for those nodes, asked again once after a second if it fails: right after a node is lost,
+    the controller may not answer (CI, 2026-11-26: the lost node went unseen, and the restart
+    blamed the live node of the rank it had been talking to)."""
+    for attempt in range(2):
+        states = _node_states(nodes=node_list)
+        if states is not None:
+            return [n for n, usable in states.items() if not usable]
+        if attempt == 0:
+            time.sleep(1.0)
+    return []
 
 
 def _in(partition) -> str:
@@ -210,9 +217,11 @@ def usable_nodes(partition: str | None) -> list[str] | None:
     return None if states is None else sorted(n for n, usable in states.items() if usable)
 
 
-def _node_states(partition: str | None = None) -> dict[str, bool] | None:
-    """node -> whether it takes jobs now (sinfo's state), of one partition or all."""
-    out = _run("sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else []))
+def _node_states(partition: str | None = None, nodes: str | None = None) -> dict[str, bool] | None:
+    """node -> whether it takes jobs now (sinfo's state), of one partition or all, or of the nodes
+    of a Slurm node list."""
+    out = _run("sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else []),
+               *(["-n", nodes] if nodes else []))
     if out is None:
         return None
     states: dict[str, bool] = {}

@@ -179,7 +179,7 @@ def test_a_node_fail_restarts_without_the_nodes_slurm_reports_down_while_the_run
                ("sinfo", "-h", "-N", "-o", "%N %t", "-p", "debug"): "n1 down*\nn2 idle\nn3 drain\n",
                ("sinfo", "-h", "-N", "-o", "%N %t"): "n1 down*\nn2 idle\nn3 drain\n",
                ("sacct", "-j", "7", "-X", "-n", "-P", "-o", "NodeList"): "n[1-2]\n",
-               ("scontrol", "show", "hostnames", "n[1-2]"): "n1\nn2\n"}
+               ("sinfo", "-h", "-N", "-o", "%N %t", "-n", "n[1-2]"): "n1 down*\nn2 idle\n"}
     monkeypatch.setattr(restart, "_run", lambda *cmd: answers.get(cmd))
     (recipe,) = recipes.load("recipes/quickstart.yaml", ["launch.executor=slurm", "launch.max_restarts=2"])
     run_dir = run_record.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
