@@ -48,17 +48,18 @@ def stage_times(one, strategy, layout, device) -> dict:
     ``layout``: the pipeline's options and layout; the process group of one is initialised."""
     import torch  # start-up: loads torch, numpy only when this runs
     from torch.distributed.device_mesh import init_device_mesh  # start-up: loads torch only when this runs
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # start-up: loads torch only when this runs
+    from torch.distributed.pipelining import PipelineStage  # start-up: loads torch only when this runs
 
     # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner.counting import fake_batch
+    from suite.strategies.pipeline import schedule_class  # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies.context import DistContext  # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies.splitting import cut, resolve_split  # start-up: loads torch only when this runs
     from suite.train.rank import make_setup  # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
 
     wrap = strategy.stage_wrapper(layout)
-    schedule_cls = Schedule1F1B if strategy.stage_schedule(layout) == "1f1b" else ScheduleGPipe
+    schedule_cls = schedule_class(strategy.stage_schedule(layout))
     chunks = layout.pipeline_chunks
     ctx = DistContext(0, 1, 0, 1, device, "gloo", (device,))
     setup = make_setup(one, ctx)

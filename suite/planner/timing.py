@@ -304,8 +304,9 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     timed = (calibration["compute"].get("models") or {}).get(options.get("model")) or {}
     share = _shared_core(calibration, ranks_per_node, options)
     _, overlap = rule(options)
+    stages = options.get("stages") or profile.world_size
     stage_share, stage_s = profile.stage_share, timed.get("stage_s") if timed.get("strategy") == profile.strategy else None
-    if overlap.bubble and stage_s and len(stage_s) == (options.get("stages") or profile.world_size):
+    if overlap.bubble and stage_s and len(stage_s) == stages:
         # Its stages timed one by one through its own schedule (stage_time): the busiest stage's
         # step, and its share of them all, rather than its share of the FLOPs of the whole
         # model's step, which gives a stage of many FLOPs and few weights the optimizer's time
@@ -340,7 +341,6 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         hidden_s = max(hidden_s, min(comm_s * (1 - share), compute_s))
     bubble, compute_step_s = 0.0, compute_s
     if overlap.bubble:
-        stages = options.get("stages") or profile.world_size
         bubble = pipeline_bubble(stages, options.get("chunks") or 1, stage_share)
         compute_step_s = pipelined_compute_s(compute_s, bubble, share, stages, stage_share)
     exposed_s = comm_s - hidden_s

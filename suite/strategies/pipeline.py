@@ -211,10 +211,16 @@ class PipelineStageEngine(ModuleEngine):
         return bubble_formula(self.stages, self.micro_batches)
 
 
-def build(opts: Options, setup) -> PipelineStageEngine:
+def schedule_class(name: str):
+    """torch's schedule class for a schedule's name ("gpipe" or "1f1b", ``Options.schedule`` and
+    ``stage_schedule``): the one the ranks step through and the planner times a stage through."""
     # start-up: loads torch, numpy only when this runs
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+
+
+def build(opts: Options, setup) -> PipelineStageEngine:
     ctx, layout = setup.ctx, setup.layout
     stages = layout.degree("pipeline")
     mesh = layout.device_mesh(ctx)  # dims ("data", "pipeline"): a pipeline's ranks are neighbours
@@ -226,7 +232,7 @@ def build(opts: Options, setup) -> PipelineStageEngine:
         wrap(module, mesh["data"])
     stage = torch_compat.timed_stage_class(ctx.synchronize)(module, stage_index, stages, ctx.device, group=pp_group)
     task = setup.task
-    schedule_cls = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
+    schedule_cls = schedule_class(opts.schedule)
     # scale_grads (default) divides by micro_batches: the gradient of the batch mean loss.
     schedule = schedule_cls(stage, n_microbatches=layout.pipeline_chunks,
                             loss_fn=lambda out, target: task.loss(out, target, target))

@@ -185,8 +185,7 @@ def test_a_job_slurm_requeued_after_a_node_failed_is_given_up_after_elastic_wait
         watch.outcome()
     assert watch.failure.restartable and watch.failure.waited_s >= 0.2
     # The nodes to leave out: those of its list that Slurm now reports down.
-    monkeypatch.setattr(restart, "_run", lambda *cmd: {}.get(
-        cmd, "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None))
+    monkeypatch.setattr(restart, "_run", lambda *cmd: "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None)
     assert restart._failed_nodes(watch.failure, "77") == ["n2"]
 
 
@@ -236,8 +235,7 @@ def test_a_requeued_job_squeue_never_listed_is_given_the_nodes_its_ranks_recorde
     with pytest.raises(RunFailed):
         watch.outcome()
     assert watch.failure.job_nodes == "n1,n2"
-    monkeypatch.setattr(restart, "_run", lambda *cmd: {}.get(
-        cmd, "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None))
+    monkeypatch.setattr(restart, "_run", lambda *cmd: "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None)
     assert restart._failed_nodes(watch.failure, "77") == ["n2"]
 
 
@@ -284,14 +282,12 @@ def test_a_down_node_of_the_job_is_the_one_lost_even_when_a_rank_on_a_live_node_
     from suite.submit import restart
     from suite.submit.follow import Failure
 
-    monkeypatch.setattr(restart, "_run", lambda *cmd: {}.get(
-        cmd, "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None))
+    monkeypatch.setattr(restart, "_run", lambda *cmd: "n1 idle\nn2 down*\n" if cmd[0] == "sinfo" else None)
     peer_gone = Failure("rank 0 failed after step 9: Connection closed by peer", restartable=True, rank=0, node="n1",
                         job_nodes="n[1-2]")
     assert restart._failed_nodes(peer_gone, "77") == ["n2"]
     # every node of the job up: the failing rank's own node
-    monkeypatch.setattr(restart, "_run", lambda *cmd: {}.get(
-        cmd, "n1 idle\nn2 idle\n" if cmd[0] == "sinfo" else None))
+    monkeypatch.setattr(restart, "_run", lambda *cmd: "n1 idle\nn2 idle\n" if cmd[0] == "sinfo" else None)
     assert restart._failed_nodes(peer_gone, "77") == ["n1"]
 
 
