@@ -1,6 +1,9 @@
 """Multi-rank tests as a function call: fork ``world_size`` processes with the torch.distributed
 environment set, run a function in each, return their results. A rank that raises fails the
-call with that rank's traceback; a hang fails it after ``timeout_s`` with every process killed.
+call with the traceback of every rank that raised within ``ERROR_GRACE_S`` of it, in rank order
+(the rank that failed first is not always the first to report: its peers fail at once with
+"Connection closed by peer" while it still writes its error records); a hang fails it after
+``timeout_s`` with every process killed.
 
 Fork (not spawn) because starting Python + torch costs ~5 s per process on 2 cores; torch._dynamo
 is imported in the parent so that DDP/FSDP construction does not import it once per child.
@@ -19,6 +22,8 @@ import torch
 import torch._dynamo  # noqa: F401  (imported once, before forking)
 
 from suite.common.ports import free_port
+
+ERROR_GRACE_S = 10.0  # after a rank raised, how long its peers get to end and report theirs
 
 
 def _child(fn, rank, world_size, port, conn, args, kwargs):
@@ -46,10 +51,13 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> l
         procs.append(p)
         conns.append(parent)
     results: list = [None] * world_size
+    errors: dict[int, str] = {}
     pending = set(range(world_size))
     deadline = time.time() + timeout_s
     try:
         while pending:
+            if errors and time.time() > deadline:
+                break  # the peers of a failed rank that are still running are killed below
             if time.time() > deadline:
                 for rank in sorted(pending):  # each hung rank prints its threads' stacks to the test's output
                     if procs[rank].is_alive():
@@ -64,12 +72,17 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> l
                     except EOFError:  # the process ended without a word (SIGKILL)
                         procs[rank].join(5)
                         raise AssertionError(f"rank {rank} died with exit code {procs[rank].exitcode}") from None
-                    if status == "error":
-                        raise AssertionError(f"rank {rank} raised:\n{value}")
-                    results[rank] = value
                     pending.discard(rank)
+                    if status == "error":
+                        if not errors:
+                            deadline = min(deadline, time.time() + ERROR_GRACE_S)
+                        errors[rank] = value
+                        continue
+                    results[rank] = value
                 elif not procs[rank].is_alive() and not conns[rank].poll(0):
                     raise AssertionError(f"rank {rank} died with exit code {procs[rank].exitcode}")
+        if errors:
+            raise AssertionError("\n".join(f"rank {rank} raised:\n{text}" for rank, text in sorted(errors.items())))
     finally:
         for p in procs:
             if p.is_alive():
