@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,15 +18,34 @@ from suite.tasks.train import TrainTask
 
 
 @contextmanager
-def ctrl_c_reaches_only_us():
-    """Start local jobs with SIGINT ignored: a Ctrl-C in the terminal then reaches this process
-    alone (submitit's local controller would otherwise die with a traceback and SIGKILL the ranks
-    a second later). ``suite.submit`` forwards it to the ranks, which install their own handler
-    and stop at a step they agree on (``suite.train.stop``)."""
+def starting_local_job(folder: Path):
+    """Around submitit's start of a local job (its controller process, which starts the ranks):
+
+    - SIGINT ignored: a Ctrl-C in the terminal then reaches this process alone (submitit's local
+      controller would otherwise die with a traceback and SIGKILL the ranks a second later).
+      ``suite.submit`` forwards it to the ranks, which install their own handler and stop at a
+      step they agree on (``suite.train.stop``).
+    - stdout and stderr pointed at ``<folder>/controller.log``: the controller would otherwise
+      hold this process's own output open until its ranks have exited, and a program that reads
+      ``suite.submit``'s output to its end (``subprocess.run(..., capture_output=True)``, as
+      ``suite.verify`` does) would wait there for the ranks' interpreter teardown, about a second
+      per run after the run has ended. The ranks write to their own log files either way.
+    """
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    folder.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
     try:
+        with open(folder / "controller.log", "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
         yield
     finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
         signal.signal(signal.SIGINT, previous)
 
 
@@ -86,7 +106,7 @@ def _submit(recipes_and_dirs: list, folder: Path | None, watched: bool) -> list:
         task = TrainTask(recipe.model_dump(mode="json"), str(run_dir),
                          watcher_pid=os.getpid() if local and watched else None)
         if local:
-            with ctrl_c_reaches_only_us():
+            with starting_local_job(run_dir / "submitit"):
                 jobs.append(ex.submit(task))
         else:
             jobs.append(ex.submit(task))

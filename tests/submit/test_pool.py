@@ -38,8 +38,10 @@ def losses(run_dir: Path) -> list[float]:
     return [s["global_loss"] for s in sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda s: s["step"])]
 
 
-def status(run_dir: Path) -> str:
-    return json.loads((run_dir / "summary.json").read_text())["status"]
+def status(run_dir: Path) -> str | None:
+    """The run's status, or None before its summary is written (a --no-wait run still training)."""
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text())["status"] if path.exists() else None
 
 
 @pytest.mark.timeout(600)
@@ -138,7 +140,10 @@ def test_polls_slow_down_while_ranks_train_and_a_stand_in_waits_without_polling(
 def test_local_ranks_each_lead_a_session_of_their_own_as_torchruns_workers_do(how, tmp_path):
     """Linux's autogroup scheduler groups a session's processes; ranks left in the submitting
     shell's session stepped 7 % slower (suite.tasks.train.own_session). Both ways local ranks
-    start: the pool's (task 0 and the ranks it forks) and one submitit task per rank (--no-wait)."""
+    start: the pool's (task 0 and the ranks it forks) and one submitit task per rank (--no-wait).
+    Either way submitit's local controller writes to the run's controller.log, not to the
+    command's own output: a caller that reads that output to its end (suite.verify) would
+    otherwise wait for the ranks' exit, about a second after every run (suite.submit.launch)."""
     import time
 
     args = ["training.max_steps=400", "training.log_every_steps=50"]
@@ -146,17 +151,21 @@ def test_local_ranks_each_lead_a_session_of_their_own_as_torchruns_workers_do(ho
         args.append("--no-wait")
     proc = subprocess.Popen([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "--out", str(tmp_path),
                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, sessions = time.time() + 120, None
+    deadline, sessions, outputs = time.time() + 120, None, None
     while time.time() < deadline and sessions is None:
         pids = [pid for ranks in tmp_path.glob("*/ranks") for pid in rank_pids(ranks.parent)]
         if len(pids) == 2:
             sessions = {pid: os.getsid(pid) for pid in pids}  # the ranks still train: 400 steps
+            (job,) = tmp_path.glob("*/job.json")  # a local job's id is its controller's pid
+            controller = json.loads(job.read_text())["job_id"]
+            outputs = [os.readlink(f"/proc/{controller}/fd/{fd}") for fd in (1, 2)]
         time.sleep(0.05)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     assert sessions is not None, "no two rank records within 120 s"
     assert all(sid == pid for pid, sid in sessions.items()), sessions
     (run_dir,) = [p.parent for p in tmp_path.glob("*/recipe.yaml")]
+    assert outputs == [str(run_dir / "submitit" / "controller.log")] * 2
     while how == "--no-wait" and time.time() < deadline + 60 and status(run_dir) != "completed":
         time.sleep(0.2)
     assert status(run_dir) == "completed"
