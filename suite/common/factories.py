@@ -54,18 +54,24 @@ class TargetOptions(BaseModel):
         return set()
 
 
+def import_module(module_name: str, pythonpath: list[str] = ()):
+    """Import a module with the current folder and ``pythonpath``'s folders (relative to it) first
+    on the import path, as a recipe's targets are imported."""
+    for folder in [os.getcwd(), *reversed(pythonpath)]:
+        folder = os.path.abspath(folder)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    return importlib.import_module(module_name)
+
+
 def import_target(target: str, key: str, pythonpath: list[str] = ()) -> Callable:
     """The callable ``module:attribute`` names; SuiteError naming ``key`` if it cannot be had."""
     if not _TARGET.match(target):
         raise SuiteError(f"{key}={target!r} is not an import path; write it as package.module:function, "
                          f"e.g. mypkg.nets:build")
     module_name, attribute = target.split(":")
-    for folder in [os.getcwd(), *reversed(pythonpath)]:
-        folder = os.path.abspath(folder)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
     try:
-        obj = importlib.import_module(module_name)
+        obj = import_module(module_name, pythonpath)
     except Exception as e:  # noqa: BLE001 - whatever the user's module raises, say it in one line
         where = f"{key.split('.')[0]}.pythonpath={list(pythonpath)}, " if pythonpath else ""
         raise SuiteError(f"{key}={target!r}: cannot import module {module_name} ({type(e).__name__}: "

@@ -214,7 +214,7 @@ def _run_pooled(runs, pool, done) -> None:
     # start-up: loads submitit, psutil, suite.common, suite.compat, suite.record, suite.submit only when this runs
     from suite.submit import follow
     # start-up: loads torch, numpy, submitit, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.submit, suite.tasks only when this runs
-    from suite.submit.pool import Pool
+    from suite.submit.pool import Pool, target_modules
 
     held = [pool]  # the pool serving now
 
@@ -224,7 +224,8 @@ def _run_pooled(runs, pool, done) -> None:
             if pool:
                 pool.close()
             rest = [p for p, _ in runs[n:]]
-            pool = held[0] = Pool.start(run_dir, [p.launch for p in rest], [p.strategy.name for p in rest])
+            pool = held[0] = Pool.start(run_dir, [p.launch for p in rest], [p.strategy.name for p in rest],
+                                        target_modules([p.model_dump(mode="json") for p in rest]))
         index = pool.hand_over(r, run_dir)
         run_record.record_job(run_dir, pool.job.job_id, r.launch.executor)
         print(f"{run_record.job_line(r)}\n  job {pool.job.job_id}, run record: {run_dir}", flush=True)

@@ -56,17 +56,18 @@ class Pool:
         self.open = True  # False once a point ended it (failed, cancelled, not reusable)
 
     @classmethod
-    def start(cls, run_dir: Path, launches: list, strategies: list[str]) -> "Pool":
+    def start(cls, run_dir: Path, launches: list, strategies: list[str], modules: list[str] = ()) -> "Pool":
         """Submit a pool, its files in ``run_dir/submitit``, for points with these launch sections
-        (objects or plain dicts) and strategies."""
+        (objects or plain dicts) and strategies; ``modules``: the points' target modules, which
+        its ranks import while they wait (``target_modules``)."""
         first = _fields(launches[0])
         folder = Path(run_dir) / "submitit"
         points = folder / f"points-{uuid.uuid4().hex[:8]}"
         points.mkdir(parents=True)
         timeout_min = sum(_fields(each)["timeout_min"] for each in launches)
         ex = launch.make_executor(SimpleNamespace(**{**first, "timeout_min": timeout_min}), folder)
-        with launch.ctrl_c_reaches_only_us():
-            job = ex.submit(PoolTask(str(points), sorted(set(strategies)), os.getpid()))
+        with launch.starting_local_job(folder):
+            job = ex.submit(PoolTask(str(points), sorted(set(strategies)), os.getpid(), list(modules)))
         return cls(job, points, {k: first[k] for k in _SHAPE}, timeout_min)
 
     def takes(self, recipe) -> bool:
@@ -148,10 +149,24 @@ def prestart(recipe_path: str, overrides: list[str], out: Path) -> Pool | None:
     except Exception:  # noqa: BLE001 - whatever is wrong, validation reports it properly
         return None
     try:
-        return Pool.start(home, same, strategies)
+        return Pool.start(home, same, strategies, target_modules(points))
     except Exception:  # noqa: BLE001 - no warm start; the launch after the checks says what is wrong
         shutil.rmtree(home, ignore_errors=True)
         return None
+
+
+def target_modules(points: list[dict]) -> list[list]:
+    """[module, pythonpath] for each distinct ``model.target`` and ``data.target``
+    (``pkg.mod:fn``) of the points (recipe text, or checked recipes dumped to dicts), with the
+    folders its section's ``pythonpath`` puts on the import path."""
+    found = set()
+    for point in points:
+        for section in ("model", "data"):
+            options = point.get(section) or {}
+            target, folders = options.get("target"), options.get("pythonpath") or []
+            if isinstance(target, str) and ":" in target and isinstance(folders, list):
+                found.add((target.split(":")[0], tuple(str(f) for f in folders)))
+    return [[module, list(folders)] for module, folders in sorted(found)]
 
 
 # Launch defaults (suite.recipe.Launch) for keys the recipe text leaves out; importing the schema

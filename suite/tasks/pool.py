@@ -42,10 +42,13 @@ class PoolTask(submitit.helpers.Checkpointable):
     """One task of a pool. On a requeue (time limit) submitit runs it again: points a rank is
     through are skipped and the current one resumes from its checkpoint."""
 
-    def __init__(self, points: str, strategies: list[str], watcher_pid: int):
+    def __init__(self, points: str, strategies: list[str], watcher_pid: int, modules: list = ()):
         # strategies: the names the recipe text gives (before it is checked; unknown ones are
-        # ignored here and refused by the checks).
+        # ignored here and refused by the checks). modules: [module, pythonpath] of the recipe's
+        # model.target and data.target (``suite.submit.pool.target_modules``), imported early
+        # too: a torchvision model's import alone is 1.5 s of a rank's start.
         self.points, self.strategies, self.watcher_pid = points, strategies, watcher_pid
+        self.modules = list(modules)
 
     def __call__(self):
         env = submitit.JobEnvironment()
@@ -58,7 +61,8 @@ class PoolTask(submitit.helpers.Checkpointable):
         train_task.join_rendezvous(env, None)  # rank and world; the port comes with each point
         importlib.import_module("suite.train.rank")  # with torch and the recipe schema
 
-        warm = import_early(self.strategies)  # a failing one: the point's own import fails, in its run folder
+        # a failing one is skipped: the point's own import fails, and says why in its run folder
+        warm = import_early(self.strategies) + _import_targets(self.modules)
         print(f"warm after {time.time() - started:.1f} s (suite.train.rank, {', '.join(warm) or 'nothing else'})",
               flush=True)
         sys.stderr.flush()
@@ -125,6 +129,22 @@ class PoolTask(submitit.helpers.Checkpointable):
                 return None
             time.sleep(_POLL_S)
         return run_record.read_json(path)
+
+
+def _import_targets(modules) -> list[str]:
+    """Import the recipe's target modules, each with its section's pythonpath on the import path
+    as ``suite.common.factories.import_target`` puts it (the user's own code may fail or print:
+    the point imports it again, through the checks that say what is wrong); those imported."""
+    from suite.common.factories import import_module  # start-up: loads suite.common only when this runs
+
+    done = []
+    for module, pythonpath in modules:
+        try:
+            import_module(module, pythonpath)
+            done.append(module)
+        except Exception:  # noqa: BLE001 - whatever the user's module raises, the point reports it
+            pass
+    return done
 
 
 def _stand_in(points: Path, rank: int):

@@ -62,6 +62,9 @@ def test_the_example_recipe_runs_end_to_end_through_submit(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert (summary["model"], summary["data"], summary["world_size"], summary["steps"]) == ("custom", "custom", 2, 6)
+    # The warm ranks imported the recipe's own modules (on its pythonpath) while it was checked.
+    (log,) = (run_dir / "submitit").glob("*_0_log.out")
+    assert "my_models.data, my_models.nets)" in log.read_text(), log.read_text()
 
 
 def test_a_custom_model_under_ddp_matches_the_single_process_baseline(baseline_of, tmp_path):
