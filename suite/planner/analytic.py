@@ -170,11 +170,32 @@ def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, in
     if recipe.world_size == 1:
         return {}
     # start-up: the strategy registry imports torch; loaded when a rule is read.
-    from suite.strategies.costs import merged, synced_batchnorm
+    from suite.strategies.costs import merged
 
     sizes = step_sizes(recipe, g, p, step)
-    synced = synced_batchnorm(sizes) if recipe.training.sync_batchnorm else {}
-    return dict(merged(strategy.comm_rule(sizes), synced))
+    return dict(merged(strategy.comm_rule(sizes), data_communication(recipe, g, p, step)))
+
+
+def data_comm(recipe, step: dict | None = None) -> dict[str, list[int]]:
+    """``StepProfile.data_comm`` of ``recipe`` (at its world size): [bytes, calls] by kind of the
+    collectives that run over the data-parallel ranks whatever the strategy declares; ``step``:
+    ``model_step(recipe)`` where counted already."""
+    if recipe.world_size == 1 or not recipe.training.sync_batchnorm:
+        return {}
+    step = step or model_step(recipe)
+    layout = recipe.layout()
+    stage_bytes = step["parameter_bytes"] // max(1, recipe.world_size // layout.dp_size)
+    return {k: [b, c] for k, (b, c) in data_communication(recipe, stage_bytes, stage_bytes, step).items()}
+
+
+def data_communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, int]]:
+    """The part of ``communication`` that runs over the data-parallel ranks whatever the
+    strategy declares for its kind (``StepProfile.data_comm``): batch norm synced over them."""
+    if recipe.world_size == 1 or not recipe.training.sync_batchnorm:
+        return {}
+    from suite.strategies.costs import synced_batchnorm  # start-up: the strategy registry imports torch
+
+    return dict(synced_batchnorm(step_sizes(recipe, g, p, step)))
 
 
 def copy_bytes(recipe, comm_bytes: dict[str, int]) -> int:
@@ -227,8 +248,10 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
     stage_bytes = step["parameter_bytes"] // parts
     transient = max(activations + backward_buffers(recipe, step, stage_bytes), optimizer_temporaries(recipe, step, parts))
     comm = communication(recipe, stage_bytes, stage_bytes, step)
+    over_data = data_comm(recipe, step)
     share = stage_share(recipe, step)
     comm_bytes = {k: b for k, (b, _) in comm.items()}
+    own_bytes = {k: b - over_data.get(k, [0])[0] for k, b in comm_bytes.items()}  # the strategy's own
     notes = [f"analytic: {reason}", "peak = held + the strategy's buffers + the larger of the passes "
              "(activations, gathered units) and the optimizer's update (its temporaries)"]
     if stages > 1:
@@ -236,7 +259,7 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
                        flops=_rank_flops(step, parts, share), samples=recipe.training.batch_size,
-                       comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()},
-                       copy_bytes=copy_bytes(recipe, comm_bytes), source="analytic", notes="; ".join(notes),
+                       comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()}, data_comm=over_data,
+                       copy_bytes=copy_bytes(recipe, own_bytes), source="analytic", notes="; ".join(notes),
                        stage_share=share)
 

@@ -131,7 +131,13 @@ def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
     reason = None if try_fake else (strategy.cannot_fake or None)
     if reason is None:
         try:
-            return profile_step(recipe, world_size)
+            profile = profile_step(recipe, world_size)
+            # Which of its collectives are batch norm's, over the data-parallel ranks whatever group
+            # the strategy declares for their kind: counted by the rule (the fake run sees kinds).
+            profile.data_comm = analytic.data_comm(at_world(recipe, world_size))
+            own = {k: b - profile.data_comm.get(k, [0])[0] for k, b in profile.comm_bytes.items()}
+            profile.copy_bytes = analytic.copy_bytes(at_world(recipe, world_size), own)
+            return profile
         except Exception as e:  # any failure of the real code on fake tensors: fall back, say why
             reason = f"the fake run failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
     return analytic.profile(at_world(recipe, world_size), world_size, reason)

@@ -14,6 +14,12 @@ Byte conventions, shared by the fake run, the calibration and the time model:
   hands to each collective call of that kind, summed over calls (for all_gather the output
   buffer, for reduce_scatter the input buffer, for send/recv the tensor sent or received). It is
   the message size, not the traffic on the wire; the calibration fits time against the same size.
+- ``data_comm[kind]``: ``[bytes, calls]``, the part of ``comm_bytes``/``comm_calls`` of that kind
+  that runs over the data-parallel ranks whatever group the strategy declares for the kind
+  (``comm_axes``), one call at a time between pieces of compute: batch norm synced over the
+  ranks. FSDP's own all-reduce runs over its replicas (none in plain FSDP), HSDP's gathers
+  over a shard group; a synced batch norm's over every rank that reads other samples. The time
+  model times this part over that group and hides none of it.
 - ``copy_bytes``: per rank per step, the bytes a strategy copies in memory besides compute and
   collectives (FSDP2 packs each unit's shards into the gather's input and unpacks its output,
   and packs the gradients into the reduce-scatter's input); timed at the calibration's copy rate.
@@ -38,6 +44,7 @@ class StepProfile:
     samples: int                    # global samples per optimizer step (training.batch_size)
     comm_bytes: dict[str, int] = field(default_factory=dict)
     comm_calls: dict[str, int] = field(default_factory=dict)
+    data_comm: dict[str, list[int]] = field(default_factory=dict)  # [bytes, calls] by kind (module doc)
     copy_bytes: int = 0
     source: str = "fake"            # "fake": measured on fake tensors; "analytic": a formula
     notes: str = ""                 # e.g. why a figure is analytic

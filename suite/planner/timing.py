@@ -156,16 +156,17 @@ def copy_time_s(profile: StepProfile, calibration: dict, ranks_per_node: int) ->
     return profile.copy_bytes / (rate * core_share(c["cores"], ranks_per_node))
 
 
-def group_of(kind: str, options: dict, profile: StepProfile) -> tuple[int, str]:
+def group_of(kind: str, options: dict, profile: StepProfile, data: bool = False) -> tuple[int, str]:
     """(ranks in the group a collective of ``kind`` runs over, ``inter`` where it spans nodes
     else ``intra``): the mesh axes the strategy declares for the kind (``comm_axes``), else
-    its data-parallel axes; the whole world where no layout is given."""
+    its data-parallel axes (always those with ``data``: ``StepProfile.data_comm``); the whole
+    world where no layout is given."""
     per_node = options.get("ranks_per_node") or profile.world_size
     layout = options.get("layout")
     if layout is None:
         return profile.world_size, "inter" if profile.world_size > per_node else "intra"
     strategy = options.get("strategy")
-    declared = (getattr(strategy, "comm_axes", None) or {}).get(kind, ())
+    declared = () if data else (getattr(strategy, "comm_axes", None) or {}).get(kind, ())
     names = tuple(a for a in declared if a in layout.axes) or layout.data_axes
     size = 1
     for name in names:
@@ -182,33 +183,45 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
     between slices of compute as long as this step's (``compute_s`` over its calls) where the
     calibration measured that (``alpha_beta.step_alpha``); for a strategy whose calls follow one
     another after its compute (``Overlap.back_to_back``), what a call in such a burst costs
-    (``alpha_beta.burst_alpha``)."""
+    (``alpha_beta.burst_alpha``). The calls of a kind that run over the data-parallel ranks
+    whatever the strategy declares (``StepProfile.data_comm``: a synced batch norm's, between
+    pieces of compute) are timed over that group under the key ``<kind>@data``, which no
+    overlap rule names: nothing of them is hidden."""
     options = options or {}
-    by_world = calibration.get("collectives_by_world") or {}
-    measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
     out = {}
     total_calls = sum(c for c in profile.comm_calls.values() if c)
     slice_s = compute_s / total_calls if compute_s is not None and total_calls else None
     back_to_back = rule(options)[1].back_to_back if options.get("name") or options.get("strategy") else False
     for kind, calls in profile.comm_calls.items():
-        if not calls:
-            continue
-        size, link = group_of(kind, options, profile)
-        # The fit at the group's size where the calibration timed one over this link class (at
-        # more ranks than cores, peers wait for a core: the formulas' extrapolation over N
-        # cannot carry that), else the link class's fit.
-        group_fit = by_world.get(str(size)) if link in measured else None
-        fits = group_fit or hardware.link_fits(calibration, link)
-        source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
-        f = fits[source]
-        alpha_s = alpha_beta.burst_alpha(f) if back_to_back else alpha_beta.step_alpha(f, slice_s)
-        out[kind] = alpha_beta.call_time_s(kind, size, profile.comm_bytes.get(kind, 0),
-                                           alpha_s, f["beta_bytes_per_s"], calls,
-                                           trees=calibration.get("backend") == "nccl")
-        if group_fit and kind not in ("send", "recv"):
-            out[kind] *= _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size,
-                                               options)
+        data_bytes, data_calls = (profile.data_comm or {}).get(kind, (0, 0))
+        own = (calls - data_calls, profile.comm_bytes.get(kind, 0) - data_bytes)
+        for key, (n_calls, n_bytes), data in ((kind, own, False), (f"{kind}@data", (data_calls, data_bytes), True)):
+            if n_calls > 0:
+                out[key] = _kind_time_s(kind, n_calls, n_bytes, profile, calibration, options,
+                                        alpha_beta.step_alpha if data or not back_to_back else None, slice_s, data)
     return out
+
+
+def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, calibration: dict, options: dict,
+                 step_alpha, slice_s: float | None, data: bool) -> float:
+    """``calls`` calls of ``kind`` moving ``n_bytes`` over the group ``group_of`` gives them; a
+    call's latency ``step_alpha(fit, slice_s)``, or a burst's (``step_alpha`` None)."""
+    by_world = calibration.get("collectives_by_world") or {}
+    measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
+    size, link = group_of(kind, options, profile, data)
+    # The fit at the group's size where the calibration timed one over this link class (at
+    # more ranks than cores, peers wait for a core: the formulas' extrapolation over N
+    # cannot carry that), else the link class's fit.
+    group_fit = by_world.get(str(size)) if link in measured else None
+    fits = group_fit or hardware.link_fits(calibration, link)
+    source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
+    f = fits[source]
+    alpha_s = alpha_beta.burst_alpha(f) if step_alpha is None else step_alpha(f, slice_s)
+    t = alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, f["beta_bytes_per_s"], calls,
+                               trees=calibration.get("backend") == "nccl")
+    if group_fit and kind not in ("send", "recv"):
+        t *= _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size, options)
+    return t
 
 
 def _groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, options: dict) -> float:

@@ -161,6 +161,9 @@ def test_batch_norm_synced_over_the_ranks_is_counted_as_the_real_code_calls_it(s
     recipe = fake_run.at_world(recipes.validate({**raw, "strategy": {"name": strategy}}), 2)
     rule = analytic.profile(recipe, 2, "under test")
     assert rule.comm_calls == fake.comm_calls and rule.comm_bytes == fake.comm_bytes
+    assert rule.data_comm == fake.data_comm and {k: c for k, (_, c) in rule.data_comm.items()} == {
+        "all_gather": layers, "all_reduce": layers}  # batch norm's, timed over the data-parallel ranks
+    assert rule.copy_bytes == fake.copy_bytes  # FSDP copies its own gathers' bytes, not batch norm's
     assert rule.comm_calls["all_gather"] >= layers  # FSDP's own gathers come on top
     unsynced = recipes.validate({**raw, "strategy": {"name": strategy}, "training": {**raw["training"], "sync_batchnorm": False}})
     plain = analytic.profile(fake_run.at_world(unsynced, 2), 2, "under test")
