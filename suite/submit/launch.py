@@ -31,8 +31,8 @@ def starting_local_job(folder: Path):
       ``suite.verify`` does) would wait there for the ranks' interpreter teardown, about a second
       per run after the run has ended. The ranks write to their own log files either way.
     """
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     folder.mkdir(parents=True, exist_ok=True)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]

@@ -56,7 +56,7 @@ class Pool:
         self.open = True  # False once a point ended it (failed, cancelled, not reusable)
 
     @classmethod
-    def start(cls, run_dir: Path, launches: list, strategies: list[str], modules: list[str] = ()) -> "Pool":
+    def start(cls, run_dir: Path, launches: list, strategies: list[str], modules: list = ()) -> "Pool":
         """Submit a pool, its files in ``run_dir/submitit``, for points with these launch sections
         (objects or plain dicts) and strategies; ``modules``: the points' target modules, which
         its ranks import while they wait (``target_modules``)."""
@@ -162,7 +162,9 @@ def target_modules(points: list[dict]) -> list[list]:
     found = set()
     for point in points:
         for section in ("model", "data"):
-            options = point.get(section) or {}
+            options = point.get(section)
+            if not isinstance(options, dict):  # recipe text the checks will refuse
+                continue
             target, folders = options.get("target"), options.get("pythonpath") or []
             if isinstance(target, str) and ":" in target and isinstance(folders, list):
                 found.add((target.split(":")[0], tuple(str(f) for f in folders)))
