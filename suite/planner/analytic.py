@@ -198,14 +198,16 @@ def data_communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[in
     return dict(synced_batchnorm(step_sizes(recipe, g, p, step)))
 
 
-def copy_bytes(recipe, comm_bytes: dict[str, int]) -> int:
+def copy_bytes(recipe, comm_bytes: dict[str, int], data_comm: dict[str, list[int]] | None = None) -> int:
     """Bytes a rank copies per step besides compute and collectives (``StepProfile.copy_bytes``),
-    from the step's message sizes (``comm_bytes``, by kind; the fake run's or ``communication``'s):
-    the strategy's ``copy_bytes`` (FSDP2's gathers and reduce-scatters copy into and out of
-    their buffers; flat-parameter wrappers copy nothing counted); nothing at world size 1."""
+    from the step's message sizes (``comm_bytes``, by kind; the fake run's or ``communication``'s)
+    less those of ``data_comm`` (batch norm's: no strategy copies them): the strategy's
+    ``copy_bytes`` (FSDP2's gathers and reduce-scatters copy into and out of their buffers;
+    flat-parameter wrappers copy nothing counted); nothing at world size 1."""
     if recipe.world_size == 1:
         return 0
-    return recipe.strategy.copy_bytes(comm_bytes, recipe.layout())
+    own = {k: b - (data_comm or {}).get(k, [0])[0] for k, b in comm_bytes.items()}
+    return recipe.strategy.copy_bytes(own, recipe.layout())
 
 
 def persistent_buffers(recipe, g: int) -> int:
@@ -251,7 +253,6 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
     over_data = data_comm(recipe, step)
     share = stage_share(recipe, step)
     comm_bytes = {k: b for k, (b, _) in comm.items()}
-    own_bytes = {k: b - over_data.get(k, [0])[0] for k, b in comm_bytes.items()}  # the strategy's own
     notes = [f"analytic: {reason}", "peak = held + the strategy's buffers + the larger of the passes "
              "(activations, gathered units) and the optimizer's update (its temporaries)"]
     if stages > 1:
@@ -260,6 +261,6 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
                        peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
                        flops=_rank_flops(step, parts, share), samples=recipe.training.batch_size,
                        comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()}, data_comm=over_data,
-                       copy_bytes=copy_bytes(recipe, own_bytes), source="analytic", notes="; ".join(notes),
+                       copy_bytes=copy_bytes(recipe, comm_bytes, over_data), source="analytic", notes="; ".join(notes),
                        stage_share=share)
 

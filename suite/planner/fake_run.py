@@ -114,10 +114,14 @@ def profile_step(recipe, world_size: int) -> StepProfile:
         notes.append("rank 0 is the first pipeline stage; other stages hold and send other amounts")
     if ddp:
         notes.append("DDP's buckets all-reduced by a comm hook doing what its default does; first buckets kept")
+    # Which of its collectives are batch norm's, over the data-parallel ranks whatever group the
+    # strategy declares for their kind: counted by the rule (the fake run sees kinds only).
+    data_comm = analytic.data_comm(recipe)
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(start + live.peak), flops=int(flops.get_total_flops()),
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
-                       copy_bytes=analytic.copy_bytes(recipe, comm.bytes), source="fake", notes="; ".join(notes))
+                       data_comm=data_comm, copy_bytes=analytic.copy_bytes(recipe, comm.bytes, data_comm),
+                       source="fake", notes="; ".join(notes))
 
 
 # ---- one (strategy, world size) per forked child ----------------------------------------------
@@ -131,13 +135,7 @@ def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
     reason = None if try_fake else (strategy.cannot_fake or None)
     if reason is None:
         try:
-            profile = profile_step(recipe, world_size)
-            # Which of its collectives are batch norm's, over the data-parallel ranks whatever group
-            # the strategy declares for their kind: counted by the rule (the fake run sees kinds).
-            profile.data_comm = analytic.data_comm(at_world(recipe, world_size))
-            own = {k: b - profile.data_comm.get(k, [0])[0] for k, b in profile.comm_bytes.items()}
-            profile.copy_bytes = analytic.copy_bytes(at_world(recipe, world_size), own)
-            return profile
+            return profile_step(recipe, world_size)
         except Exception as e:  # any failure of the real code on fake tensors: fall back, say why
             reason = f"the fake run failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
     return analytic.profile(at_world(recipe, world_size), world_size, reason)

@@ -197,15 +197,16 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
         own = (calls - data_calls, profile.comm_bytes.get(kind, 0) - data_bytes)
         for key, (n_calls, n_bytes), data in ((kind, own, False), (f"{kind}@data", (data_calls, data_bytes), True)):
             if n_calls > 0:
-                out[key] = _kind_time_s(kind, n_calls, n_bytes, profile, calibration, options,
-                                        alpha_beta.step_alpha if data or not back_to_back else None, slice_s, data)
+                out[key] = _kind_time_s(kind, n_calls, n_bytes, profile, calibration, options, slice_s, data,
+                                        burst=back_to_back and not data)
     return out
 
 
 def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, calibration: dict, options: dict,
-                 step_alpha, slice_s: float | None, data: bool) -> float:
+                 slice_s: float | None, data: bool, burst: bool) -> float:
     """``calls`` calls of ``kind`` moving ``n_bytes`` over the group ``group_of`` gives them; a
-    call's latency ``step_alpha(fit, slice_s)``, or a burst's (``step_alpha`` None)."""
+    call's latency what it costs between slices of compute ``slice_s`` long, or with ``burst``
+    in a burst of calls after compute."""
     by_world = calibration.get("collectives_by_world") or {}
     measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
     size, link = group_of(kind, options, profile, data)
@@ -216,7 +217,7 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     fits = group_fit or hardware.link_fits(calibration, link)
     source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
     f = fits[source]
-    alpha_s = alpha_beta.burst_alpha(f) if step_alpha is None else step_alpha(f, slice_s)
+    alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
     t = alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, f["beta_bytes_per_s"], calls,
                                trees=calibration.get("backend") == "nccl")
     if group_fit and kind not in ("send", "recv"):
