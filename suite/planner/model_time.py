@@ -90,9 +90,14 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
 
 def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = False, stages: bool = False) -> str:
     single = one_rank_recipe(recipe, own_strategy)
-    # With stages: the pipeline's own options (split, micro-batches, dp mode) decide what is timed.
-    # (A timing from before each stage's own step was kept, "stage_s", is not found again.)
-    timed_as = {"stages": recipe.strategy.model_dump(mode="json"), "keeps": "stage_s"} if stages else {}
+    # With stages: the pipeline's own options (split, micro-batches, dp mode) and its degrees as
+    # the layout resolves them decide what is timed. The options alone are the same for 2 and 4
+    # stages where the degree follows the world size (strategy.stages unset): a 4-stage run then
+    # found the 2-stage run's timing and fell back to its FLOP share. (A timing from before each
+    # stage's own step was kept, "stage_s", is not found again.)
+    layout = recipe.layout()
+    timed_as = {"stages": recipe.strategy.model_dump(mode="json"), "keeps": "stage_s",
+                "degrees": [layout.degree("pipeline"), layout.dp_size]} if stages else {}
     text = json.dumps({**timed_as, "model": recipe.model.model_dump(mode="json"), "data": single.data.model_dump(mode="json"),
                        "strategy": single.strategy.model_dump(mode="json"),
                        "optimizer": single.optimizer.model_dump(mode="json"),

@@ -133,11 +133,38 @@ def test_an_unbalanced_pipelines_bubble_is_the_lighter_stages_fill_and_drain():
     p.stage_share = 0.75
     t = timing.predict_step_time(p, hand_calibration(), {"stages": 2, "chunks": 4})
     sends = 2 * (4 * ALPHA_S + 10**6 / BETA)
-    assert t["step_s"] == pytest.approx(0.1 * (3 / 4 + 1 / 3) + sends)
+    # the lighter stage (1/3 of the busiest's time) keeps its messages ready: a third of them waited for
+    assert t["step_s"] == pytest.approx(0.1 * (3 / 4 + 1 / 3) + sends / 3)
+    assert t["messages_ready_s"] == pytest.approx(sends * 2 / 3)
     assert timing.pipeline_bubble(2, 4, 0.5) == pytest.approx(1 / 5)
     assert timing.pipeline_bubble(4, 8, None) == pytest.approx(3 / 11)
     assert timing.pipeline_bubble(2, 1, 0.5) == pytest.approx(1 / 2)  # no chunks: the stages run one after another
     assert timing.pipeline_bubble(1, 4, None) == 0.0
+
+
+def test_the_busiest_stage_waits_for_its_messages_as_much_as_its_neighbours_keep_pace():
+    """A stage's point-to-point calls cost it their time in the ratio of its slower neighbour's
+    step to its own (``neighbour_ratio``): in full where stages are balanced, a share where the
+    neighbours are lighter (their messages are there when it asks), and in full with more ranks
+    than cores, where a neighbour's idle time goes to another rank's compute."""
+    assert timing.neighbour_ratio([0.05, 0.05], 2) == 1.0
+    assert timing.neighbour_ratio([0.08, 0.02], 2) == pytest.approx(0.25)
+    # the busiest stage in the middle: the slower of its two neighbours; stages beyond them do not count
+    assert timing.neighbour_ratio([0.09, 0.02, 0.1, 0.01], 4) == pytest.approx(0.2)
+    assert timing.neighbour_ratio(None, 4, 0.25) == 1.0  # balanced shares of the FLOPs
+    assert timing.neighbour_ratio(None, 2, 0.8) == pytest.approx(0.25)
+    assert timing.neighbour_ratio(None, 1) == 1.0
+    comm = {"send": (10**6, 4), "recv": (10**6, 4)}
+    p = step_profile("pipeline", 2, comm=comm)
+    p.stage_share = 0.8
+    own_cores = timing.predict_step_time(p, hand_calibration(), {"stages": 2, "chunks": 4})
+    balanced = timing.predict_step_time(step_profile("pipeline", 2, comm=comm), hand_calibration(), {"stages": 2, "chunks": 4})
+    assert balanced["messages_ready_s"] == 0.0 and balanced["exposed_comm_s"] == pytest.approx(balanced["comm_s"])
+    assert own_cores["exposed_comm_s"] == pytest.approx(own_cores["comm_s"] * 0.25)
+    p4 = step_profile("pipeline", 4, comm=comm)
+    p4.stage_share = 0.8
+    shared = timing.predict_step_time(p4, hand_calibration(), {"stages": 4, "chunks": 4})  # 4 ranks, 2 cores
+    assert shared["messages_ready_s"] == 0.0 and shared["exposed_comm_s"] == pytest.approx(shared["comm_s"])
 
 
 def test_pipeline_stages_sharing_cores_lend_them_in_the_bubble():
@@ -168,6 +195,12 @@ def test_a_pipelines_model_is_timed_in_its_chunks_and_other_strategies_at_the_ac
     two = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, world_size=2)
     assert model_time.one_rank_recipe(two).training.grad_accumulation == 2
     assert model_time.cache_key(pipe, 1) != model_time.cache_key(two, 1)  # same batch, other passes
+    # stages unset: the degree follows the world size, and a 4-stage split is timed as its own
+    deep = {"name": "mlp", "hidden": [16, 16, 16]}
+    two_stages = make_recipe({"name": "pipeline", "micro_batches": 4}, world_size=2, model=deep)
+    four_stages = make_recipe({"name": "pipeline", "micro_batches": 4}, world_size=4, model=deep)
+    assert two_stages.strategy == four_stages.strategy
+    assert model_time.cache_key(two_stages, 1, stages=True) != model_time.cache_key(four_stages, 1, stages=True)
 
 
 def test_rate_uses_threads_per_rank_core_share_and_the_models_efficiency():
