@@ -295,6 +295,19 @@ def pipelined_compute_s(compute_s: float, bubble: float, share: float, stages: i
     return max(compute_s * share / (1 - bubble), compute_s / (stage * stages) if share < 1 else 0.0)
 
 
+def stage_messages_factor(stage_s: list[float] | None, stages: int) -> int:
+    """The busiest pipeline stage's sends and receives over the first stage's (what the profile
+    counts, ``costs.stage_messages``): 2 where it sits between two stages (it receives each chunk's
+    activation from one side and its gradient from the other, and sends both on), else 1. Without
+    timed stages, a pipeline of 3 stages or more is taken as balanced, its critical path through
+    the middle stages."""
+    if stages < 3:
+        return 1
+    if stage_s and len(stage_s) == stages:
+        return 2 if 0 < stage_s.index(max(stage_s)) < stages - 1 else 1
+    return 2
+
+
 def neighbour_ratio(stage_s: list[float] | None, stages: int, busiest_share: float | None = None) -> float:
     """How long the busiest pipeline stage's neighbours take per step, over its own time: the
     larger of the stages on either side of it (``stage_s``: each stage's step, timed), or without
@@ -364,6 +377,10 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     else:
         copy_s = copy_time_s(profile, calibration, ranks_per_node)
     per_kind = comm_time_s(profile, calibration, options, compute_s)
+    timed_stages = stage_s if overlap.bubble and stage_s and len(stage_s) == stages else None
+    if overlap.bubble:  # the profile counts the first stage's messages; the busiest stage's are these
+        both_ways = stage_messages_factor(timed_stages, stages)
+        per_kind = {k: t * both_ways if k in ("send", "recv") else t for k, t in per_kind.items()}
     comm_s = sum(per_kind.values())
     window_s = compute_s * (BACKWARD_SHARE if overlap.window == "backward" else 1.0)
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in per_kind.items()), window_s)
@@ -386,8 +403,7 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         compute_step_s = pipelined_compute_s(compute_s, bubble, share, stages, stage_share)
         if share >= 1:
             point_to_point = sum(per_kind.get(k, 0.0) for k in ("send", "recv"))
-            ready_s = point_to_point * (1 - neighbour_ratio(stage_s if stage_s and len(stage_s) == stages else None,
-                                                            stages, stage_share))
+            ready_s = point_to_point * (1 - neighbour_ratio(timed_stages, stages, stage_share))
     exposed_s = comm_s - hidden_s - ready_s
     step_s = compute_step_s + copy_s + exposed_s
     return {"compute_s": compute_s, "copy_s": copy_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,

@@ -167,6 +167,23 @@ def test_the_busiest_stage_waits_for_its_messages_as_much_as_its_neighbours_keep
     assert shared["messages_ready_s"] == 0.0 and shared["exposed_comm_s"] == pytest.approx(shared["comm_s"])
 
 
+def test_a_middle_stage_sends_and_receives_both_ways():
+    """The profile counts the first stage's messages (activations out, gradients in); a stage
+    between two others receives and sends both, twice as many, and sets the pace where it is the
+    busiest (or where nothing says which is: balanced)."""
+    assert timing.stage_messages_factor([0.01, 0.03, 0.01, 0.01], 4) == 2
+    assert timing.stage_messages_factor([0.03, 0.01, 0.01, 0.01], 4) == 1
+    assert timing.stage_messages_factor([0.01, 0.01, 0.01, 0.03], 4) == 1
+    assert timing.stage_messages_factor(None, 4) == 2
+    assert timing.stage_messages_factor(None, 2) == timing.stage_messages_factor([0.01, 0.03], 2) == 1
+    comm = {"send": (10**6, 4), "recv": (10**6, 4)}
+    cal = hand_calibration()
+    four = timing.predict_step_time(step_profile("pipeline", 4, comm=comm), cal, {"stages": 4, "chunks": 4})
+    alone = timing.comm_time_s(step_profile("pipeline", 4, comm=comm), cal, {"name": "pipeline", "stages": 4})
+    assert four["comm_s_by_kind"]["send"] == pytest.approx(2 * alone["send"])
+    assert four["comm_s"] == pytest.approx(2 * sum(alone.values()))
+
+
 def test_pipeline_stages_sharing_cores_lend_them_in_the_bubble():
     """4 stages on 2 cores (each rank's compute 0.1 s with all four computing at once, half a
     core each): a stage idle in the bubble frees its core, so the step is the larger of the
