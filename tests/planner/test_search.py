@@ -272,3 +272,28 @@ def test_a_run_with_a_calibration_records_the_prediction_its_rank_0_timed(tmp_pa
     predicted = read_json(tmp_path / "run" / "summary.json")["predicted"]
     assert predicted.get("step_time_s", 0) > 0, predicted
     assert "when predicted" in predicted["rate"]
+
+
+def test_collectives_every_group_calls_at_once_on_shared_cores_are_not_hidden():
+    """HSDP at 4 ranks on 2 cores: its shard groups (2 of 2 ranks) gather and reduce-scatter at the
+    same point of the step, its replica groups all-reduce so, every rank in a collective at once;
+    none computes while another waits, and no overlap rule hides them. FSDP over all 4 ranks (one
+    group) keeps its rule's overlap."""
+    fits = {k: {"alpha_s": ALPHA_S, "beta_bytes_per_s": BETA} for k in alpha_beta.MEASURED}
+    cal = {**hand_calibration(fits=fits), "collectives_by_world": {"2": fits, "4": fits}}
+    comm = {"all_gather": (10**6, 8), "reduce_scatter": (10**6, 4), "all_reduce": (10**6, 4)}
+
+    def predicted(strategy):
+        recipe = _recipe(strategy, 1, 4)
+        profile = StepProfile(recipe.strategy.name, 4, {}, 0, 10**8, 64, comm_bytes={k: b for k, (b, _) in comm.items()},
+                              comm_calls={k: c for k, (_, c) in comm.items()})
+        options = timing.options_of(recipe)
+        lockstep = {k for k in comm if timing.groups_in_lockstep(k, profile, cal, options)}
+        return timing.predict_step_time(profile, cal, options), lockstep
+
+    hsdp, lockstep = predicted({"name": "fsdp", "replicate": 2})
+    assert lockstep == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert hsdp["exposed_comm_s"] == pytest.approx(hsdp["comm_s"])  # nothing hidden
+    fsdp, lockstep = predicted({"name": "fsdp"})
+    assert lockstep == set()  # one group of all the node's ranks
+    assert fsdp["exposed_comm_s"] == pytest.approx(fsdp["comm_s"] - min(fsdp["comm_s"] / 2, fsdp["compute_s"]))
