@@ -294,6 +294,9 @@ def test_collectives_every_group_calls_at_once_on_shared_cores_are_not_hidden():
     hsdp, lockstep = predicted({"name": "fsdp", "replicate": 2})
     assert lockstep == {"all_gather", "reduce_scatter", "all_reduce"}
     assert hsdp["exposed_comm_s"] == pytest.approx(hsdp["comm_s"])  # nothing hidden
+    # the two shard groups share the 2 cores: each call waits twice as long for one; its bytes move as fast
+    assert hsdp["comm_s_by_kind"]["all_gather"] == pytest.approx(
+        alpha_beta.call_time_s("all_gather", 2, 10**6, 2 * ALPHA_S, BETA, calls=8))
     fsdp, lockstep = predicted({"name": "fsdp"})
     assert lockstep == set()  # one group of all the node's ranks
     assert fsdp["exposed_comm_s"] == pytest.approx(fsdp["comm_s"] - min(fsdp["comm_s"] / 2, fsdp["compute_s"]))
