@@ -207,21 +207,31 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     """``calls`` calls of ``kind`` moving ``n_bytes`` over the group ``group_of`` gives them; a
     call's latency what it costs between slices of compute ``slice_s`` long, or with ``burst``
     in a burst of calls after compute."""
-    by_world = calibration.get("collectives_by_world") or {}
-    measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
     size, link = group_of(kind, options, profile, data)
-    # The fit at the group's size where the calibration timed one over this link class (at
-    # more ranks than cores, peers wait for a core: the formulas' extrapolation over N
-    # cannot carry that), else the link class's fit.
-    group_fit = by_world.get(str(size)) if link in measured else None
-    fits = group_fit or hardware.link_fits(calibration, link)
+    fits = _group_fits(calibration, size, link) or hardware.link_fits(calibration, link)
     source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
     f = fits[source]
     alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
-    if group_fit and kind not in ("send", "recv"):
-        alpha_s *= _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size, options)
+    alpha_s *= _group_slowdown(kind, size, link, profile, calibration, options)
     return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, f["beta_bytes_per_s"], calls,
                                   trees=calibration.get("backend") == "nccl")
+
+
+def _group_fits(calibration: dict, size: int, link: str) -> dict | None:
+    """The fits the calibration timed at the group's size over this link class, or None. At
+    more ranks than cores peers wait for a core, which the formulas' extrapolation over N cannot
+    carry: where a group's own size was timed, its fits stand, else the link class's."""
+    measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
+    return (calibration.get("collectives_by_world") or {}).get(str(size)) if link in measured else None
+
+
+def _group_slowdown(kind: str, size: int, link: str, profile: StepProfile, calibration: dict, options: dict) -> float:
+    """What a call of ``kind`` over its group waits longer than its group's fit says, where the
+    node's other groups call theirs at once on the cores they share (``_groups_sharing_cores``;
+    1 for sends and receives, which are staggered, and where the group's size was not timed)."""
+    if kind in ("send", "recv") or not _group_fits(calibration, size, link):
+        return 1.0
+    return _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size, options)
 
 
 def groups_in_lockstep(key: str, profile: StepProfile, calibration: dict, options: dict) -> bool:
@@ -234,13 +244,7 @@ def groups_in_lockstep(key: str, profile: StepProfile, calibration: dict, option
     hidden, up to the compute) predicted 17-28 % fast; FSDP over all 4 ranks, one group, as its
     rule predicts."""
     kind, _, data = key.partition("@")
-    if kind in ("send", "recv"):
-        return False
-    size, link = group_of(kind, options, profile, data=bool(data))
-    measured = calibration.get("links") or {"intra": True}
-    if link not in measured or str(size) not in (calibration.get("collectives_by_world") or {}):
-        return False
-    return _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size, options) > 1
+    return _group_slowdown(kind, *group_of(kind, options, profile, data=bool(data)), profile, calibration, options) > 1
 
 
 def _groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, options: dict) -> float:
@@ -385,15 +389,16 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     _, overlap = rule(options)
     stages = options.get("stages") or profile.world_size
     stage_share, stage_s = profile.stage_share, timed.get("stage_s") if timed.get("strategy") == profile.strategy else None
-    if overlap.bubble and stage_s and len(stage_s) == stages:
+    timed_stages = stage_s if overlap.bubble and stage_s and len(stage_s) == stages else None
+    if timed_stages:
         # Its stages timed one by one through its own schedule (stage_time): the busiest stage's
         # step, and its share of them all, rather than its share of the FLOPs of the whole
         # model's step, which gives a stage of many FLOPs and few weights the optimizer's time
         # of all of them, and knows nothing of what the schedule costs (GPipe keeps every chunk's
         # activations until its backward: ResNet-18's first stage stepped in 70 ms through GPipe,
         # 64 ms through 1F1B).
-        compute_s, stage_share = max(stage_s) / share, max(stage_s) / sum(stage_s)
-        rate_note = f"its {len(stage_s)} stages timed one by one when predicted"
+        compute_s, stage_share = max(timed_stages) / share, max(timed_stages) / sum(timed_stages)
+        rate_note = f"its {stages} stages timed one by one when predicted"
     if timed.get("strategy") == profile.strategy != "single":
         # Timed as one rank of its own (model_time): what its code costs a rank, copies included,
         # timed on a core of its own; run on its share of one, as the model's compute is.
@@ -402,7 +407,6 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     else:
         copy_s = copy_time_s(profile, calibration, ranks_per_node)
     per_kind = comm_time_s(profile, calibration, options, compute_s)
-    timed_stages = stage_s if overlap.bubble and stage_s and len(stage_s) == stages else None
     if overlap.bubble:  # the profile counts the first stage's messages; the busiest stage's are these
         both_ways = stage_messages_factor(timed_stages, stages)
         per_kind = {k: t * both_ways if k in ("send", "recv") else t for k, t in per_kind.items()}
