@@ -59,9 +59,19 @@ class Options(StrategyOptions):
     comm_axes: ClassVar = {"send": ("pipeline",), "recv": ("pipeline",)}  # between neighbouring stages
 
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
-        # The stage's gradients over its data-parallel group, and the activations and their
-        # gradients between stages.
-        return {**costs.data_parallel_all_reduce(step), **costs.stage_messages(step)}
+        # The activations and their gradients between stages, and the stage's data parallelism
+        # over its dp group (``_data_parallel``): ``replicate`` all-reduces its gradients once;
+        # ``fully_shard`` wraps the stage as one FSDP unit, the root, so it gathers the stage's
+        # parameters once, at the first chunk's forward, and keeps them through every chunk
+        # (the schedule sets reshard_after_backward off but for the last backward), then
+        # reduce-scatters its gradients once: two calls, not one.
+        if step.layout.dp_size < 2:
+            dp = {}
+        elif self.dp_mode == "fully_shard":
+            dp = {"all_gather": (step.parameter_bytes, 1), "reduce_scatter": (step.gradient_bytes, 1)}
+        else:
+            dp = costs.data_parallel_all_reduce(step)
+        return {**dp, **costs.stage_messages(step)}
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:
