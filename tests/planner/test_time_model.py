@@ -252,3 +252,19 @@ def test_the_prediction_options_carry_the_recipes_cpus_per_task():
 def test_single_rank_has_no_communication_cost():
     t = timing.predict_step_time(step_profile("single", 1, comm={"all_reduce": (10**6, 1)}), hand_calibration())
     assert t["comm_s"] == 0 and t["step_s"] == pytest.approx(10**9 / 1.6e10)
+
+
+def test_every_stages_parameter_gather_lies_on_a_pipelines_path():
+    """Stages data-parallel through FSDP each gather their parameters at their first chunk's
+    forward, which waits for the stage before: the step waits for every stage's gather, one after
+    another, and for the first stage's reduce-scatter alone (the profile counts the first stage's)."""
+    assert [timing.path_calls_factor("all_gather", None, k) for k in (2, 4)] == [2, 4]
+    assert timing.path_calls_factor("reduce_scatter", None, 4) == timing.path_calls_factor("all_gather@data", None, 4) == 1
+    assert timing.path_calls_factor("send", [0.01, 0.03, 0.01, 0.01], 4) == 2  # stage_messages_factor
+    comm = {"all_gather": (10**6, 1), "reduce_scatter": (10**6, 1), "send": (10**5, 4), "recv": (10**5, 4)}
+    cal = hand_calibration()
+    profile = step_profile("pipeline", 4, comm=comm)
+    two = timing.predict_step_time(profile, cal, {"stages": 2, "chunks": 4})
+    alone = timing.comm_time_s(profile, cal, {"name": "pipeline", "stages": 2})
+    assert two["comm_s_by_kind"]["all_gather"] == pytest.approx(2 * alone["all_gather"])
+    assert two["comm_s_by_kind"]["reduce_scatter"] == pytest.approx(alone["reduce_scatter"])
