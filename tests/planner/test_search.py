@@ -300,3 +300,21 @@ def test_collectives_every_group_calls_at_once_on_shared_cores_are_not_hidden():
     fsdp, lockstep = predicted({"name": "fsdp"})
     assert lockstep == set()  # one group of all the node's ranks
     assert fsdp["exposed_comm_s"] == pytest.approx(fsdp["comm_s"] - min(fsdp["comm_s"] / 2, fsdp["compute_s"]))
+
+
+def test_a_pipelines_messages_on_shared_cores_cost_what_they_cost_with_every_rank_stepping():
+    """Pipeline x dp, 4 ranks on 2 cores: a stage's sends wait for a core the other ranks hold, so they are priced
+    with the fits timed at the node's 4 ranks, not at 2 ranks alone; with a core each (4 cores),
+    as the pair was timed."""
+    pair = {k: {"alpha_s": ALPHA_S, "beta_bytes_per_s": BETA} for k in alpha_beta.MEASURED}
+    crowd = {k: {"alpha_s": 5 * ALPHA_S, "beta_bytes_per_s": BETA} for k in alpha_beta.MEASURED}
+    comm = {"send": (10**5, 4), "recv": (10**5, 4)}
+    recipe = _recipe({"name": "pipeline", "stages": 2, "dp": 2}, 1, 4)
+    profile = StepProfile("pipeline", 4, {}, 0, 10**8, 64, comm_bytes={k: b for k, (b, _) in comm.items()},
+                          comm_calls={k: c for k, (_, c) in comm.items()})
+    options = timing.options_of(recipe)
+    for cores, fit in ((2, crowd), (4, pair)):
+        cal = {**hand_calibration(fits=pair, cores=cores), "collectives_by_world": {"2": pair, "4": crowd}}
+        got = timing.comm_time_s(profile, cal, options)
+        assert got["send"] == pytest.approx(alpha_beta.call_time_s("send", 2, 10**5, fit["send"]["alpha_s"], BETA, 4))
+        assert got["recv"] == pytest.approx(got["send"])
