@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING
 from suite.common.errors import SuiteError
 from suite.common.threads import rank_threads
 from suite.planner import alpha_beta, hardware
+from suite.planner.pipeline_time import (neighbour_ratio, path_calls_factor, pipeline_bubble,
+                                         pipelined_compute_s)
 from suite.planner.profile import StepProfile
 import hashlib
 
@@ -308,101 +310,6 @@ def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> b
     cores = calibration["compute"]["cores"]
     ranks = options.get("ranks_per_node") or profile.world_size
     return ranks * max(1, cores // ranks) == cores
-
-
-def pipeline_bubble(stages: int, chunks: int, busiest_share: float | None = None) -> float:
-    """The share of a pipeline step its busiest stage idles, for ``stages`` K and ``chunks`` M.
-
-    A flushed pipeline (GPipe, 1F1B) with t_i per chunk on stage i steps in (M-1)·max t + Σ t:
-    the busiest stage's M chunks, and every other stage's one chunk while the first fills and
-    the last drains. Balanced (each stage 1/K of the model) that is the textbook (K-1)/(M+K-1).
-    A split whose busiest stage does a share s of the compute (VGG cut by parameters: the early
-    convolutions hold few weights and most FLOPs) idles less: the other stages' chunks are
-    shorter. With the busiest stage's compute C = M·t_max, Σ t = C / (M·s), so
-    step = C·((M-1)/M + 1/(M·s)) and the bubble is 1 - 1/((M-1)/M + 1/(M·s))."""
-    if stages < 2:
-        return 0.0
-    share = busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
-    factor = (chunks - 1) / chunks + 1 / (chunks * share)
-    return 1 - 1 / factor
-
-
-def pipelined_compute_s(compute_s: float, bubble: float, share: float, stages: int,
-                        busiest_share: float | None = None) -> float:
-    """The busiest pipeline rank's compute per step, its idle bubble included. ``compute_s``: its
-    compute with every rank of the node computing at once, each on ``share`` of its cores (1: a
-    core or a device of its own); ``busiest_share``: its stage's share of the model's compute
-    (1/stages where the split is balanced).
-
-    Where ranks share cores, a stage's idle time frees them for the others, so the step is the
-    larger of two bounds: the critical path at a whole core's rate, compute_s·share/(1-bubble),
-    and the node's total work spread over its cores, compute_s/(busiest_share·stages) (the
-    busiest stage's work at the shared rate, over its share of the work). Measured at 4 stages
-    on 2 cores (GPipe and 1F1B, 4 chunks): charging the bubble at the shared rate over-predicted
-    by 74-130 %."""
-    stage = busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
-    return max(compute_s * share / (1 - bubble), compute_s / (stage * stages) if share < 1 else 0.0)
-
-
-def stage_messages_factor(stage_s: list[float] | None, stages: int) -> int:
-    """The busiest pipeline stage's sends and receives over the first stage's (what the profile
-    counts, ``costs.stage_messages``): 2 where it sits between two stages (it receives each chunk's
-    activation from one side and its gradient from the other, and sends both on), else 1. Without
-    timed stages, a pipeline of 3 stages or more is taken as balanced, its critical path through
-    the middle stages."""
-    if stages < 3:
-        return 1
-    if stage_s and len(stage_s) == stages:
-        return 2 if 0 < stage_s.index(max(stage_s)) < stages - 1 else 1
-    return 2
-
-
-def path_calls_factor(key: str, stage_s: list[float] | None, stages: int) -> int:
-    """How many times the first stage's calls under ``key`` (``comm_time_s``'s keys; what the
-    profile counts) a pipeline's step waits for, in a flushed schedule of ``stages`` stages.
-
-    - ``send``/``recv``: the busiest stage's messages (``stage_messages_factor``).
-    - ``all_gather``: a stage data-parallel through FSDP (``dp_mode=fully_shard``) gathers its
-      parameters at its first chunk's forward, which waits for the stage before it, whose own
-      first forward waited for its gather: every stage's gather lies on the step's path, one
-      after another. Its reduce-scatter, after its last backward, overlaps the stages before it
-      still in backward, but for the first stage's, which ends the step: counted once.
-      Over 17 stored runs at 4 ranks on 2 cores (2 stages x dp 2, 12 models without batch
-      norm): with the first stage's gather alone, pipeline x dp was predicted -40 .. -7 %; with
-      each stage's, -30 .. +6 %.
-    - anything else (a synced batch norm's calls, ``<kind>@data``): once."""
-    if key in ("send", "recv"):
-        return stage_messages_factor(stage_s, stages)
-    return max(1, stages) if key == "all_gather" else 1
-
-
-def neighbour_ratio(stage_s: list[float] | None, stages: int, busiest_share: float | None = None) -> float:
-    """How long the busiest pipeline stage's neighbours take per step, over its own time: the
-    larger of the stages on either side of it (``stage_s``: each stage's step, timed), or without
-    timings the rest of the model spread evenly over the other stages (``busiest_share``: the
-    busiest stage's share of the compute; 1/stages where balanced, and so 1).
-
-    The busiest stage waits on its neighbours' messages only as much as they keep pace with it.
-    torch's schedules post sends without waiting (``batch_isend_irecv``), and a receive whose
-    message has come finds it at once. A lighter neighbour is idle between its chunks, for the
-    busiest stage's step times (1 - this ratio) in all; that idle time absorbs the latency of the
-    messages between them (what the calibration's in-step send costs), up to its length. So, with
-    a core or a device per rank, the busiest stage pays its sends' and receives' time less that
-    idle time (``predict_step_time``: ``messages_ready_s``, the part absorbed); balanced stages
-    pay them in full. Measured with 2 ranks on 2 cores: GPipe on a CNN whose first stage holds 87 %
-    of the compute stepped in 5.7 ms, its compute alone predicted 5.3 ms and its 8 messages 4.0 ms
-    more; a transformer cut into 2 equal stages paid its messages in full; a bag-of-words model
-    whose light stage idles 1.2 ms a step, less than its messages' 2.4 ms, paid them nearly in full
-    (taking them in the ratio alone predicted it 36-51 % fast). With more ranks than cores a
-    neighbour's idle time goes to another rank's compute, and the rule is not applied."""
-    if stages < 2:
-        return 1.0
-    if stage_s and len(stage_s) == stages and max(stage_s) > 0:
-        b = stage_s.index(max(stage_s))
-        sides = [stage_s[j] for j in (b - 1, b + 1) if 0 <= j < stages]
-        return min(1.0, max(sides) / stage_s[b])
-    s = busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
-    return min(1.0, (1 - s) / ((stages - 1) * s))
 
 
 def _shared_core(calibration: dict, ranks_per_node: int, options: dict) -> float:

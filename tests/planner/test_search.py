@@ -6,7 +6,7 @@ import json
 import pytest
 
 from suite import recipe as recipes
-from suite.planner import alpha_beta, analytic, hardware, model_time, search, timing
+from suite.planner import alpha_beta, analytic, hardware, model_time, pipeline_time, search, timing
 from suite.planner.predict import prediction
 from suite.planner.profile import StepProfile
 from suite.strategies.splitting import balanced_split
@@ -180,7 +180,7 @@ def test_a_pipelines_compute_is_its_busiest_stage_timed_alone_through_its_own_sc
         t = timing.predict_step_time(profile, got, options)
         busiest, total = max(entry["stage_s"]), sum(entry["stage_s"])
         assert t["compute_s"] == pytest.approx(busiest)  # a core each: the busiest stage's step
-        assert t["bubble"] == pytest.approx(timing.pipeline_bubble(2, 2, busiest / total))
+        assert t["bubble"] == pytest.approx(pipeline_time.pipeline_bubble(2, 2, busiest / total))
         assert "stages timed one by one" in t["rate"]
     # Not a pipeline: no stages to time.
     assert _recipe({"name": "ddp"}, 1, 2, model).strategy.stage_schedule(_recipe({"name": "ddp"}, 1, 2).layout()) is None

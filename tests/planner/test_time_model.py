@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from suite.planner import timing
+from suite.planner import pipeline_time, timing
 from suite.strategies.ddp import DDP_SHARE
 from tests.planner.hand_calibration import ALPHA_S, BETA, hand_calibration, step_profile
 
@@ -136,10 +136,10 @@ def test_an_unbalanced_pipelines_bubble_is_the_lighter_stages_fill_and_drain():
     # the lighter stage idles 2/3 of the busiest's 0.1 s: far more than its messages take, all absorbed
     assert t["step_s"] == pytest.approx(0.1 * (3 / 4 + 1 / 3))
     assert t["messages_ready_s"] == pytest.approx(sends)
-    assert timing.pipeline_bubble(2, 4, 0.5) == pytest.approx(1 / 5)
-    assert timing.pipeline_bubble(4, 8, None) == pytest.approx(3 / 11)
-    assert timing.pipeline_bubble(2, 1, 0.5) == pytest.approx(1 / 2)  # no chunks: the stages run one after another
-    assert timing.pipeline_bubble(1, 4, None) == 0.0
+    assert pipeline_time.pipeline_bubble(2, 4, 0.5) == pytest.approx(1 / 5)
+    assert pipeline_time.pipeline_bubble(4, 8, None) == pytest.approx(3 / 11)
+    assert pipeline_time.pipeline_bubble(2, 1, 0.5) == pytest.approx(1 / 2)  # no chunks: the stages run one after another
+    assert pipeline_time.pipeline_bubble(1, 4, None) == 0.0
 
 
 def test_the_busiest_stage_waits_for_its_messages_as_much_as_its_neighbours_keep_pace():
@@ -147,13 +147,13 @@ def test_the_busiest_stage_waits_for_its_messages_as_much_as_its_neighbours_keep
     (the busiest stage's step times 1 - ``neighbour_ratio``): in full where stages are balanced,
     nothing where the neighbours idle longer than the messages take, and in full with more ranks
     than cores, where a neighbour's idle time goes to another rank's compute."""
-    assert timing.neighbour_ratio([0.05, 0.05], 2) == 1.0
-    assert timing.neighbour_ratio([0.08, 0.02], 2) == pytest.approx(0.25)
+    assert pipeline_time.neighbour_ratio([0.05, 0.05], 2) == 1.0
+    assert pipeline_time.neighbour_ratio([0.08, 0.02], 2) == pytest.approx(0.25)
     # the busiest stage in the middle: the slower of its two neighbours; stages beyond them do not count
-    assert timing.neighbour_ratio([0.09, 0.02, 0.1, 0.01], 4) == pytest.approx(0.2)
-    assert timing.neighbour_ratio(None, 4, 0.25) == 1.0  # balanced shares of the FLOPs
-    assert timing.neighbour_ratio(None, 2, 0.8) == pytest.approx(0.25)
-    assert timing.neighbour_ratio(None, 1) == 1.0
+    assert pipeline_time.neighbour_ratio([0.09, 0.02, 0.1, 0.01], 4) == pytest.approx(0.2)
+    assert pipeline_time.neighbour_ratio(None, 4, 0.25) == 1.0  # balanced shares of the FLOPs
+    assert pipeline_time.neighbour_ratio(None, 2, 0.8) == pytest.approx(0.25)
+    assert pipeline_time.neighbour_ratio(None, 1) == 1.0
     comm = {"send": (10**6, 4), "recv": (10**6, 4)}
     p = step_profile("pipeline", 2, comm=comm)
     p.stage_share = 0.8
@@ -177,11 +177,11 @@ def test_a_middle_stage_sends_and_receives_both_ways():
     """The profile counts the first stage's messages (activations out, gradients in); a stage
     between two others receives and sends both, twice as many, and sets the pace where it is the
     busiest (or where nothing says which is: balanced)."""
-    assert timing.stage_messages_factor([0.01, 0.03, 0.01, 0.01], 4) == 2
-    assert timing.stage_messages_factor([0.03, 0.01, 0.01, 0.01], 4) == 1
-    assert timing.stage_messages_factor([0.01, 0.01, 0.01, 0.03], 4) == 1
-    assert timing.stage_messages_factor(None, 4) == 2
-    assert timing.stage_messages_factor(None, 2) == timing.stage_messages_factor([0.01, 0.03], 2) == 1
+    assert pipeline_time.stage_messages_factor([0.01, 0.03, 0.01, 0.01], 4) == 2
+    assert pipeline_time.stage_messages_factor([0.03, 0.01, 0.01, 0.01], 4) == 1
+    assert pipeline_time.stage_messages_factor([0.01, 0.01, 0.01, 0.03], 4) == 1
+    assert pipeline_time.stage_messages_factor(None, 4) == 2
+    assert pipeline_time.stage_messages_factor(None, 2) == pipeline_time.stage_messages_factor([0.01, 0.03], 2) == 1
     comm = {"send": (10**6, 4), "recv": (10**6, 4)}
     cal = hand_calibration()
     four = timing.predict_step_time(step_profile("pipeline", 4, comm=comm), cal, {"stages": 4, "chunks": 4})
@@ -195,14 +195,14 @@ def test_pipeline_stages_sharing_cores_lend_them_in_the_bubble():
     core each): a stage idle in the bubble frees its core, so the step is the larger of the
     critical path at a whole core (0.05 s / (1 - bubble)) and the node's work over its cores;
     with a core or device each, the bubble is charged in full."""
-    bubble = timing.pipeline_bubble(4, 4, None)
+    bubble = pipeline_time.pipeline_bubble(4, 4, None)
     assert bubble == pytest.approx(3 / 7)
-    assert timing.pipelined_compute_s(0.1, bubble, 0.5, 4) == pytest.approx(0.1)  # balanced: the node's work
-    assert timing.pipelined_compute_s(0.1, bubble, 1.0, 4) == pytest.approx(0.1 / (4 / 7))
+    assert pipeline_time.pipelined_compute_s(0.1, bubble, 0.5, 4) == pytest.approx(0.1)  # balanced: the node's work
+    assert pipeline_time.pipelined_compute_s(0.1, bubble, 1.0, 4) == pytest.approx(0.1 / (4 / 7))
     # one stage doing 90 % of the work runs nearly alone: the critical path at a whole core
-    heavy = timing.pipeline_bubble(4, 4, 0.9)
-    assert timing.pipelined_compute_s(0.1, heavy, 0.5, 4, 0.9) == pytest.approx(0.05 / (1 - heavy))
-    assert timing.pipelined_compute_s(0.1, 0.0, 0.5, 1) == pytest.approx(0.1)  # no pipeline axis
+    heavy = pipeline_time.pipeline_bubble(4, 4, 0.9)
+    assert pipeline_time.pipelined_compute_s(0.1, heavy, 0.5, 4, 0.9) == pytest.approx(0.05 / (1 - heavy))
+    assert pipeline_time.pipelined_compute_s(0.1, 0.0, 0.5, 1) == pytest.approx(0.1)  # no pipeline axis
 
 
 def test_a_pipelines_model_is_timed_in_its_chunks_and_other_strategies_at_the_accumulation_batch():
@@ -258,9 +258,9 @@ def test_every_stages_parameter_gather_lies_on_a_pipelines_path():
     """Stages data-parallel through FSDP each gather their parameters at their first chunk's
     forward, which waits for the stage before: the step waits for every stage's gather, one after
     another, and for the first stage's reduce-scatter alone (the profile counts the first stage's)."""
-    assert [timing.path_calls_factor("all_gather", None, k) for k in (2, 4)] == [2, 4]
-    assert timing.path_calls_factor("reduce_scatter", None, 4) == timing.path_calls_factor("all_gather@data", None, 4) == 1
-    assert timing.path_calls_factor("send", [0.01, 0.03, 0.01, 0.01], 4) == 2  # stage_messages_factor
+    assert [pipeline_time.path_calls_factor("all_gather", None, k) for k in (2, 4)] == [2, 4]
+    assert pipeline_time.path_calls_factor("reduce_scatter", None, 4) == pipeline_time.path_calls_factor("all_gather@data", None, 4) == 1
+    assert pipeline_time.path_calls_factor("send", [0.01, 0.03, 0.01, 0.01], 4) == 2  # stage_messages_factor
     comm = {"all_gather": (10**6, 1), "reduce_scatter": (10**6, 1), "send": (10**5, 4), "recv": (10**5, 4)}
     cal = hand_calibration()
     profile = step_profile("pipeline", 4, comm=comm)
