@@ -307,7 +307,8 @@ def test_an_elastic_run_with_too_few_usable_nodes_shrinks_even_when_no_node_is_n
     recipe = recipes.validate(raw)
     run_dir = records.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
     budget = restart.Restarts(recipe, run_dir, printer=lambda *a, **k: None)
-    unnamed = SimpleNamespace(failure=Failure("the job ended as FAILED", restartable=True), job=SimpleNamespace(job_id="9"))
+    unnamed = SimpleNamespace(failure=Failure("the job ended as FAILED", restartable=True),
+                              job=SimpleNamespace(job_id="9", cancel=lambda check=True: None))
     got = budget.next(unnamed, RunFailed("job 9 failed"))
     assert got.recipe.launch.nodes == 1 and got.recipe.training.grad_accumulation == 2
     assert got.note.startswith("1 usable node(s) left; continuing on 1 of 2 node(s)"), got.note
