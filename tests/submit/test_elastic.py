@@ -103,7 +103,7 @@ def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baselin
     out = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lost, started, slurm_ended_it = None, time.time(), True
+    lost, started = None, time.time()
     try:
         deadline = started + 180
         while time.time() < deadline and proc.poll() is None:
@@ -137,9 +137,11 @@ def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baselin
     second = summary["attempts"][-1]
     # Slurm ends the job NODE_FAIL, or (a batch job it may requeue) puts it back to pending: either way lost.
     cause = summary["attempts"][1]["cause"]
-    # (Where Slurm had not ended the job 30 s after the node went, the staging killed its orphaned
-    # task, and srun may report that first: then the cause is the killed rank.)
-    assert "NODE_FAIL" in cause or "requeued" in cause or (not slurm_ended_it and "killed" in cause), summary["attempts"]
+    # The staging then kills the dead node's orphaned task (a real node's go with it), and the
+    # follower may see that rank die before it polls Slurm's state, whether or not Slurm had ended
+    # the job by then (seen in CI with the job already requeued): then the cause is the killed rank.
+    # The old job is cancelled before the restart either way (restart.Restarts.next).
+    assert "NODE_FAIL" in cause or "requeued" in cause or "killed" in cause, summary["attempts"]
     if elastic:
         assert "continuing on 1 of 2 node(s) (launch.elastic) with training.grad_accumulation=2" in stdout, stdout
         assert second.get("world_size") == 1 and summary["attempts"][1]["excluded_nodes"] == ["n2"]
