@@ -236,6 +236,12 @@ class Watch:
                 self.failure.job_nodes = self._nodes or ",".join(sorted({
                     p["node"] for p in run_record.rank_processes(self.run_dir)
                     if p.get("node") and p.get("started_at", 0) >= self._since - 1}))
+            if self.failure is not None and self.failure.restartable and not self.local:
+                # Slurm requeues a batch job whose node failed, and would start this attempt again
+                # once the node is back, beside the restart or after the run has failed for good:
+                # whether the follower saw the job end NODE_FAIL or, first, a task the dead node's
+                # loss killed (seen in CI: two attempts of one run training at once).
+                self.job.cancel(check=False)
 
     def _outcome(self) -> dict:
         self.progress.show()
@@ -300,10 +306,6 @@ class Watch:
             # now reports down out; sacct's record of them may lag behind)
             self.failure = Failure(f"the job {why}{step}", restartable=state in _BROKEN and not self.cancelled_by_us,
                                    node=(self._nodes or None) if state == "NODE_FAIL" else None)
-            if state == "NODE_FAIL" and not self.local:
-                # Slurm requeues a batch job whose node failed: it would start this attempt again
-                # once nodes are back, beside the restart or after the run has failed for good.
-                self.job.cancel(check=False)
             run_record.update_summary(self.run_dir, status="failed", error=why, job_id=self.job.job_id)
             self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) {why}; rank 0's log: "

@@ -73,10 +73,6 @@ class Restarts:
         saved = run_record.latest_checkpoint(self.run_dir)
         restart = Restart(self.used, self.limit, failure.cause, saved["step"] if saved else 0, self.recipe)
         if self.recipe.launch.executor == "slurm":
-            # Slurm requeues a batch job whose node failed. Where the attempt ended through a killed
-            # task first (its state not NODE_FAIL), nothing had cancelled it, and it started again
-            # beside the restart once its node was back: two attempts of one run training at once.
-            watch.job.cancel(check=False)
             self._exclude(restart, failure, watch.job.job_id)
         fields = {"failed_job_id": str(watch.job.job_id)}
         if restart.excluded:

@@ -140,7 +140,7 @@ def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baselin
     # The staging then kills the dead node's orphaned task (a real node's go with it), and the
     # follower may see that rank die before it polls Slurm's state, whether or not Slurm had ended
     # the job by then (seen in CI with the job already requeued): then the cause is the killed rank.
-    # The old job is cancelled before the restart either way (restart.Restarts.next).
+    # The follower cancels the old job either way (follow.Watch.outcome).
     assert "NODE_FAIL" in cause or "requeued" in cause or "killed" in cause, summary["attempts"]
     if elastic:
         assert "continuing on 1 of 2 node(s) (launch.elastic) with training.grad_accumulation=2" in stdout, stdout
@@ -204,18 +204,32 @@ class _NodeFailedJob(_RequeuedJob):
         return type("T", (), {"paths": paths})()
 
 
-def test_a_job_ended_by_a_node_failure_is_cancelled_so_slurm_cannot_run_it_again(tmp_path, monkeypatch):
+class _TaskKilledJob(_NodeFailedJob):
+    """A Slurm job whose rank 1 was killed (its node lost), seen by the follower before Slurm's
+    NODE_FAIL: the job ends FAILED, rank 1 leaves no word, rank 0 records its peer's loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = ["RUNNING", "FAILED"]
+
+
+@pytest.mark.parametrize("job, cause", [(_NodeFailedJob, "NODE_FAIL"), (_TaskKilledJob, "rank 1 died")])
+def test_a_job_ended_by_a_node_failure_is_cancelled_so_slurm_cannot_run_it_again(job, cause, tmp_path, monkeypatch):
     """Seen in CI: the follower restarted a NODE_FAIL job as a new job, and Slurm requeued the old
-    one and ran it again once the node was back, appending a third attempt to the finished run."""
+    one and ran it again once the node was back, appending a third attempt to the finished run.
+    Seen again where the follower saw the lost node's killed task before Slurm's NODE_FAIL: the
+    old attempt ran again beside the restart. Either way the job is cancelled."""
     from suite.common.errors import RunFailed
     from suite.submit import follow
 
     monkeypatch.setattr(follow, "squeue", lambda job, field: "n[1-2]" if field == "%N" else "")
-    job = _NodeFailedJob()
+    if job is _TaskKilledJob:
+        run_record.record_error(tmp_path, 0, "RuntimeError: Connection closed by peer")
+    job = job()
     watch = follow.Watch(job, tmp_path, 1, printer=lambda *a, **k: None, state_every_s=0)
     while not watch.poll():
         pass
-    with pytest.raises(RunFailed, match="NODE_FAIL"):
+    with pytest.raises(RunFailed, match=cause):
         watch.outcome()
     assert watch.failure.restartable and job.cancelled
 
@@ -309,8 +323,7 @@ def test_an_elastic_run_with_too_few_usable_nodes_shrinks_even_when_no_node_is_n
     recipe = recipes.validate(raw)
     run_dir = records.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
     budget = restart.Restarts(recipe, run_dir, printer=lambda *a, **k: None)
-    unnamed = SimpleNamespace(failure=Failure("the job ended as FAILED", restartable=True),
-                              job=SimpleNamespace(job_id="9", cancel=lambda check=True: None))
+    unnamed = SimpleNamespace(failure=Failure("the job ended as FAILED", restartable=True), job=SimpleNamespace(job_id="9"))
     got = budget.next(unnamed, RunFailed("job 9 failed"))
     assert got.recipe.launch.nodes == 1 and got.recipe.training.grad_accumulation == 2
     assert got.note.startswith("1 usable node(s) left; continuing on 1 of 2 node(s)"), got.note
