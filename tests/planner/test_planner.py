@@ -248,47 +248,23 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
 
 
 def _counted_train(recipe, run_dir):
-    """A rank of ``recipe`` that counts, per training step, the calls of each collective its
-    process group makes (point to point included): [{name: calls}, ...] per step."""
-    import collections
-
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-    from torch.distributed.pipelining import schedules
-
+    """A rank of ``recipe`` that counts, per training step, the collectives and sends its process
+    group makes, as the planner's counter sees them at the dispatcher: [{kind: calls}, ...]."""
+    from suite.planner.counting import Collectives
     from suite.strategies import pipeline
     from suite.tasks import train as rank_task
 
-    steps, counting = [], [False]
-    for name in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
-                 "all_reduce"):
-        if hasattr(c10d, name):
-            def counted(*args, _call=getattr(c10d, name), _name=name, **kwargs):
-                if counting[0]:
-                    steps[-1][_name] += 1
-                return _call(*args, **kwargs)
-            setattr(c10d, name, counted)
-            setattr(dist, name, counted)  # FSDP and the schedules call them as torch.distributed's
-    batched = schedules._batch_p2p
-
-    def counted_p2p(ops, *args, **kwargs):  # every send and receive of the schedules passes here
-        if counting[0]:
-            for op in ops:
-                steps[-1][op.op.__name__] += 1
-        return batched(ops, *args, **kwargs)
-    schedules._batch_p2p = counted_p2p
+    steps = []
     train_step = pipeline.PipelineStageEngine.train_step
 
     def counted_step(self, *args, **kwargs):
-        steps.append(collections.Counter())
-        counting[0] = True
-        try:
-            return train_step(self, *args, **kwargs)
-        finally:
-            counting[0] = False
+        with Collectives() as counted:
+            out = train_step(self, *args, **kwargs)
+        steps.append(dict(counted.calls))
+        return out
     pipeline.PipelineStageEngine.train_step = counted_step
     rank_task.train(recipe, run_dir)
-    return [dict(s) for s in steps]
+    return steps
 
 
 @pytest.mark.parametrize("dp_mode", ["fully_shard", "replicate"])
@@ -304,12 +280,7 @@ def test_a_data_parallel_pipelines_rule_counts_the_collectives_its_stages_call(d
                          world_size=4, precision="fp32", training={**BASE["training"], "max_steps": 3})
     (tmp_path / "run").mkdir()
     counts = run_ranks(_counted_train, 4, recipe, tmp_path / "run")
-    first_stage = counts[0][-1]  # rank 0; the last step (the first also infers the stages' shapes)
+    seen = counts[0][-1]  # rank 0, the first stage; its last step (the first also infers the stages' shapes)
     rule = analytic.profile(recipe, 4, "under test").comm_calls
-    kinds = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather", "isend": "send",
-             "irecv": "recv", "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter"}
-    seen: dict = {}
-    for name, calls in first_stage.items():
-        seen[kinds.get(name, name)] = seen.get(kinds.get(name, name), 0) + calls
     assert seen == {k: v for k, v in rule.items() if v}, (seen, rule)
     assert ("all_gather" in seen) == (dp_mode == "fully_shard")
