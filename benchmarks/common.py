@@ -53,6 +53,7 @@ class Bench:
     slurm: bool = False  # --slurm: the predict section also runs on 2 nodes of the local Slurm
     families: Optional[list[str]] = None  # --families: the predict section runs only these model families
     no_local: bool = False  # --no-local: the predict section runs on Slurm only (with --slurm)
+    variants: Optional[dict] = None  # --variants: the predict section's families, strategies, worlds (load_variants)
     log: list[str] = field(default_factory=list)
 
     def times(self, default: int = 3) -> int:

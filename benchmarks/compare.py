@@ -43,6 +43,9 @@ def parse_args(argv):
     p.add_argument("--no-local", action="store_true", help="predict section: only the Slurm runs (with --slurm)")
     p.add_argument("--families", help="predict section: only these model families (e.g. seq2seq,unet), to run its "
                    "full profile (about 2 hours on 2 cores) in parts")
+    p.add_argument("--variants", type=Path, help="predict section: its model families (and strategies, worlds) from "
+                   "this YAML file instead, e.g. benchmarks/variants/hybrids.yaml: a held-out check on models of "
+                   "one's own (the format: benchmarks/sections/predict.py)")
     args = p.parse_args(argv)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in args.only if name not in SECTIONS + OPTIONAL]
@@ -50,9 +53,16 @@ def parse_args(argv):
         p.error(f"--only {','.join(unknown)}: no such section; choose from {', '.join(SECTIONS + OPTIONAL)}")
     if args.no_local and not args.slurm:
         p.error("--no-local leaves the predict section nothing to run without --slurm")
+    if args.variants and "predict" not in args.only:
+        p.error("--variants sets the predict section's models; add --only predict")
+    if args.variants:
+        try:
+            args.variants = importlib.import_module("sections.predict").load_variants(args.variants)
+        except ValueError as e:
+            p.error(f"--variants {e}")
     if args.families:
         args.families = [name.strip() for name in args.families.split(",") if name.strip()]
-        known = importlib.import_module("sections.predict").FAMILIES
+        known = args.variants["families"] if args.variants else importlib.import_module("sections.predict").FAMILIES
         unknown = [name for name in args.families if name not in known]
         if unknown:
             p.error(f"--families {','.join(unknown)}: no such model family; choose from {', '.join(known)}")
@@ -70,7 +80,7 @@ def main(argv=None) -> int:
         sys.exit(f"{out} is not empty; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(out, args.repeats, args.quick, args.strategies, slurm=args.slurm, families=args.families,
-                  no_local=args.no_local)
+                  no_local=args.no_local, variants=args.variants)
     command = "python benchmarks/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
     head = ["# Benchmark results", "", f"Command: `{command}`", "",
             f"Taken {time.strftime('%Y-%m-%d %H:%M %Z')} on:", *machine(), ""]

@@ -4,13 +4,26 @@ x the strategies that fit it, at world 2 and 4 on this machine (and 2 Slurm node
 machine alone, ``python -m suite.calibrate`` with no recipe, and the model's own one-rank step
 timed when predicting) against its measured ``step_time_s``. Targets: median |error| <= 15 %,
 90th percentile <= 30 %, and per model the predicted order of strategies agrees with the measured
-one (Kendall tau >= 0.8)."""
+one (Kendall tau >= 0.8).
+
+``--variants FILE`` swaps the families (and, where the file names them, the strategies and worlds)
+for a YAML file's, to check the time model on models of one's own (``benchmarks/variants/``):
+
+    families:            # name: the model and data sections of a recipe, and the batch per rank
+      mlpdeep: {model: {name: mlp, hidden: [384, 384]}, data: {name: digits}, batch: 64}
+    strategies: [ddp, fsdp, gpipe, hsdp]   # optional: labels of DATA_PARALLEL, MODEL_PARALLEL, HYBRID
+    worlds: [4]                            # optional: 2 and/or 4 (the hybrids run at 4 only)
+"""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import yaml
 
 from common import BASE, ROOT, Bench, Section
 
@@ -43,17 +56,60 @@ HYBRID = {"hsdp": "{name: fsdp, replicate: 2}", "tensor_dp": "{name: tensor, dp:
 QUICK_STRATEGIES = ("ddp", "fsdp", "zero2", "allreduce", "tensor", "gpipe")
 
 
+def load_variants(path: Path) -> dict:
+    """A ``--variants`` file, checked: {"families": {name: (model, data, batch)}, "strategies":
+    [label, ...] or None, "worlds": (2, 4) or fewer}. A ValueError names what is wrong and how to
+    fix it."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: cannot read it as YAML ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("families"), dict) or not doc["families"]:
+        raise ValueError(f"{path}: needs a 'families' mapping, e.g. families: {{mlp2: {{model: {{name: mlp}}, "
+                         "data: {name: digits}, batch: 64}}")
+    unknown = sorted(set(doc) - {"families", "strategies", "worlds"})
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}; use families, strategies, worlds")
+    families = {}
+    for name, spec in doc["families"].items():
+        if not isinstance(spec, dict) or set(spec) != {"model", "data", "batch"} or not isinstance(spec["model"], dict) \
+                or not isinstance(spec["data"], dict) or not isinstance(spec["batch"], int) or spec["batch"] < 1:
+            raise ValueError(f"{path}: family {name!r} needs exactly model (a mapping), data (a mapping) and batch "
+                             "(a positive integer)")
+        families[str(name)] = (json.dumps(spec["model"]), json.dumps(spec["data"]), spec["batch"])  # JSON is YAML
+    known = {**DATA_PARALLEL, **MODEL_PARALLEL, **HYBRID}
+    strategies = doc.get("strategies")
+    if strategies is not None:
+        bad = [s for s in strategies if s not in known] if isinstance(strategies, list) else [str(strategies)]
+        if bad or not strategies:
+            raise ValueError(f"{path}: strategies {', '.join(map(str, bad)) or '[]'}: choose from {', '.join(known)}")
+    worlds = doc.get("worlds", [2, 4])
+    if not isinstance(worlds, list) or not worlds or any(w not in (2, 4) for w in worlds):
+        raise ValueError(f"{path}: worlds {worlds}: a list of 2 and/or 4 (the ranks on this node)")
+    return {"families": families, "strategies": strategies, "worlds": tuple(sorted(set(worlds)))}
+
+
+def _families(bench: Bench) -> dict:
+    return bench.variants["families"] if bench.variants else FAMILIES
+
+
 def _configs(bench: Bench, slurm: bool):
     worlds = (2,) if bench.quick else (2, 4)
-    families = bench.families or list(FAMILIES)  # --families: checked by compare.py
-    strategies = {**DATA_PARALLEL, **MODEL_PARALLEL}
+    families = bench.families or list(_families(bench))  # --families: checked by compare.py
+    strategies, hybrids = {**DATA_PARALLEL, **MODEL_PARALLEL}, HYBRID
     if bench.quick:
         strategies = {k: v for k, v in strategies.items() if k in QUICK_STRATEGIES}
+    if bench.variants:
+        worlds = tuple(w for w in bench.variants["worlds"] if w in worlds) or bench.variants["worlds"][:1]
+        chosen = bench.variants["strategies"]
+        if chosen:
+            strategies = {k: v for k, v in strategies.items() if k in chosen}
+            hybrids = {k: v for k, v in HYBRID.items() if k in chosen}
     for family, world in itertools.product(families, () if bench.no_local else worlds):
         for label, strategy in strategies.items():
             yield family, label, strategy, world, ["launch.tasks_per_node=" + str(world)]
         if world == 4 and not bench.quick:
-            for label, strategy in HYBRID.items():
+            for label, strategy in hybrids.items():
                 yield family, label, strategy, world, ["launch.tasks_per_node=4"]
     if slurm:  # 2 Slurm nodes of one rank each
         for family in families:
@@ -111,7 +167,7 @@ def run(bench: Bench) -> Section:
     steps = "training.max_steps=12" if bench.quick else "training.max_steps=24"
     rows, errors, by_model, skipped = [], [], {}, []
     for family, label, strategy, world, launch in _configs(bench, bench.slurm):
-        model, data, batch = FAMILIES[family]
+        model, data, batch = _families(bench)[family]
         got = bench.submit(f"predict/{family}-{label}-w{world}", [
             f"model={model}", f"data={data}", f"training.batch_size={batch}", "training.epochs=100", steps,
             "training.eval_every_epochs=0", f"strategy={strategy}", *launch], recipe=BASE, env=env, check=False)

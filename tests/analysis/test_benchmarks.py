@@ -26,3 +26,34 @@ def test_an_unknown_section_or_a_used_folder_is_refused(tmp_path):
     (tmp_path / "old.md").write_text("x")
     proc = subprocess.run([sys.executable, *COMPARE, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "not empty" in proc.stderr
+
+
+def test_a_variants_file_sets_the_predict_sections_models_strategies_and_worlds(tmp_path):
+    import importlib
+    from pathlib import Path
+    sys.path.insert(0, str(Path("benchmarks").resolve()))
+    try:
+        predict, common = importlib.import_module("sections.predict"), importlib.import_module("common")
+    finally:
+        sys.path.pop(0)
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("families:\n  tiny: {model: {name: mlp, hidden: [8]}, data: {name: digits}, batch: 16}\n"
+                    "strategies: [ddp, gpipe, hsdp]\nworlds: [4]\n")
+    bench = common.Bench(tmp_path, None, False, variants=predict.load_variants(spec))
+    configs = [(family, label, world) for family, label, _, world, _ in predict._configs(bench, False)]
+    assert configs == [("tiny", "ddp", 4), ("tiny", "gpipe", 4), ("tiny", "hsdp", 4)]
+    assert predict._families(bench)["tiny"][2] == 16
+    for shipped in Path("benchmarks/variants").glob("*.yaml"):  # the files the README names load
+        assert predict.load_variants(shipped)["families"], shipped
+
+
+def test_a_wrong_variants_file_is_refused_with_what_to_fix(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    for text, message in (("families: {a: {model: {name: mlp}}}\n", "family 'a' needs exactly model"),
+                          ("families: {a: {model: {}, data: {}, batch: 4}}\nstrategies: [ddpp]\n", "strategies ddpp"),
+                          ("families: {a: {model: {}, data: {}, batch: 4}}\nworlds: [3]\n", "worlds [3]"),
+                          ("famlies: {}\n", "needs a 'families' mapping")):
+        spec.write_text(text)
+        proc = subprocess.run([sys.executable, *COMPARE, "--only", "predict", "--variants", str(spec)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr, (text, proc.stderr)
