@@ -42,12 +42,17 @@ class Overlap:
     ``bubble``: the strategy pipelines stages, which idle (K-1)/(M+K-1) of the step;
     ``back_to_back``: its calls follow one another with no compute between them (after backward),
     so each costs what the calibration measured for a call in such a burst (``alpha_beta.
-    burst_alpha``) rather than a call between slices of compute."""
+    burst_alpha``) rather than a call between slices of compute; ``inside_compute``: its calls sit
+    between pieces of the rank's forward and backward, each of which waits for the call before it
+    (tensor parallelism's all-reduces), as the calibration's calls between slices of compute sit
+    (``measure.time_in_step``, timed with every rank of the node stepping), so what another rank
+    computes on a shared core while one waits is in their price already: nothing more is hidden."""
     share: dict[str, float] = field(default_factory=dict)
     window: str = "backward"
     why: str = ""
     bubble: bool = False
     back_to_back: bool = False
+    inside_compute: bool = False
 
 
 NO_COMMUNICATION = Overlap(why="no communication")

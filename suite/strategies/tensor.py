@@ -90,7 +90,8 @@ class Options(StrategyOptions):
     reusable_process: ClassVar = True
     dp: PositiveInt = 1  # data-parallel degree (FSDP2 over the dp mesh dimension)
     tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp
-    overlap: ClassVar = costs.Overlap(why="the all-reduces sit inside each layer's forward and backward: nothing hidden")
+    overlap: ClassVar = costs.Overlap(why="the all-reduces sit inside each layer's forward and backward: nothing hidden",
+                                      inside_compute=True)
     no_neutral_checkpoint: ClassVar = ""  # torch DCP maps its state (suite.strategies.neutral)
     cannot_fake: ClassVar = ""
     # The all-reduces inside the layers stay in the tensor-parallel group; FSDP2 over dp gathers.

@@ -62,6 +62,20 @@ def test_allreduces_calls_back_to_back_cost_a_call_in_a_burst_and_ddps_a_call_be
     assert between["comm_s"] == pytest.approx(10 * 2 * 3 * ALPHA_S + bandwidth)
 
 
+def test_tensor_parallel_calls_inside_the_compute_hide_nothing_where_ranks_share_cores():
+    """Tensor parallelism's all-reduces sit inside each layer's forward and backward
+    (``Overlap.inside_compute``): priced as a call between slices of compute with every rank
+    stepping, which holds another rank's compute on the shared core already, so nothing more is
+    hidden at 4 ranks on 2 cores; a blocking call after the compute (ZeRO-2's) still is."""
+    comm = {"all_reduce": (10**6, 12)}
+    inside = timing.predict_step_time(step_profile("tensor", 4, comm=comm), hand_calibration(cores=2), {"device": "cpu"})
+    assert inside["exposed_comm_s"] == pytest.approx(inside["comm_s"])
+    assert inside["step_s"] == pytest.approx(inside["compute_s"] + inside["comm_s"])
+    after = timing.predict_step_time(step_profile("zero", 4, comm=comm), hand_calibration(cores=2),
+                                     {"stage": 2, "device": "cpu"})
+    assert after["exposed_comm_s"] == pytest.approx(after["comm_s"] - min(after["comm_s"] / 2, after["compute_s"]))
+
+
 def test_ddp_hides_nothing_where_ranks_share_cores():
     """4 ranks on 2 cores: DDP's buckets are reduced behind the rank's own backward (gloo's thread),
     so the rank is computing, not waiting, while they run; with every core busy nothing of them
