@@ -36,7 +36,7 @@ def parse_args(argv):
                    help=f"comma-separated sections: {', '.join(SECTIONS)} (default: all of them), {', '.join(OPTIONAL)}")
     p.add_argument("--repeats", type=int, help="repetitions of each measurement (median taken); by default 15 for "
                    "overhead and 9 for tracking (2-3 %% targets; single runs spread by about 10 %% on a small "
-                   "machine), 3 for the others")
+                   "machine), 1 for predict (each configuration's runs in rounds over all of them), 3 for the others")
     p.add_argument("--quick", action="store_true", help="few steps per run: checks the benchmark, measures little")
     p.add_argument("--strategies", help="overhead section: only these (single, ddp, zero2, fsdp), e.g. to rerun one target")
     p.add_argument("--slurm", action="store_true", help="predict section: also 2 nodes of the local Slurm (slurm/start.sh)")

@@ -1,8 +1,9 @@
 """Predict a predict benchmark's stored runs again with the time model as it is now: each run from
 its own recipe, with the calibration and model timings that benchmark made (its ``predict/cache``),
 never its measured steps (runs on Slurm nodes are left out: their calibration is read by the node's
-name, on the node). For checking a change to the time model on runs already measured
-(those it was made on are not held out: say so where the figures are quoted).
+name, on the node); a configuration run in several rounds (``--repeats``) is compared by its
+medians. For checking a change to the time model on runs already measured (those it was made on
+are not held out: say so where the figures are quoted).
 
     python benchmarks/repredict.py BENCH_OUT [PATTERN]    (BENCH_OUT: a compare.py --out with a predict section)
 """
@@ -23,6 +24,11 @@ def _where(name: str) -> str:
     return "2nodes" if "@2nodes" in name else name.rsplit("-", 1)[1]
 
 
+def _median(values: list) -> float | None:
+    have = [v for v in values if v]
+    return statistics.median(have) if have else None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bench_out", type=Path)
@@ -33,18 +39,21 @@ def main() -> int:
     from suite import recipe as recipes
     from suite.planner.predict import prediction
 
+    runs: dict = {}  # a configuration's runs: the first round's folder, then predict/round<k>/ (--repeats)
+    for summary_path in sorted(args.bench_out.glob("predict/*/*/summary.json")) + \
+            sorted(args.bench_out.glob("predict/round*/*/*/summary.json")):
+        runs.setdefault(summary_path.parent.parent.name, []).append(summary_path)
     rows = []
-    for summary_path in sorted(args.bench_out.glob("predict/*/*/summary.json")):
-        name = summary_path.parent.parent.name
-        summary = json.loads(summary_path.read_text())
-        measured = summary.get("step_time_s")
+    for name, paths in runs.items():
+        summaries = [json.loads(path.read_text()) for path in paths]
+        measured = _median([summary.get("step_time_s") for summary in summaries])
         if args.pattern not in name or not measured:
             continue
         if _where(name) == "2nodes":  # predicted on its Slurm node, from the calibration under that node's name
             continue
-        recipe = recipes.validate(yaml.safe_load((summary_path.parent / "recipe.yaml").read_text()))
+        recipe = recipes.validate(yaml.safe_load((paths[0].parent / "recipe.yaml").read_text()))
         new = prediction(recipe).get("step_time_s")
-        old = (summary.get("predicted") or {}).get("step_time_s")
+        old = _median([(summary.get("predicted") or {}).get("step_time_s") for summary in summaries])
         if new:
             rows.append((name, new, measured, old))
         print(f"{name:32s} old {(old / measured - 1) if old else float('nan'):+.2f} "

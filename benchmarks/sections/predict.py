@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,18 @@ def calibrate(bench: Bench, env: dict) -> str:
     return "\n".join(out)
 
 
+def _folder(family: str, label: str, world: int, round_: int) -> str:
+    """A run's folder under the results: ``predict/<family>-<label>-w<world>`` in the first round,
+    ``predict/round<k>/...`` in round k (``benchmarks/repredict.py`` reads both)."""
+    name = f"{family}-{label}-w{world}"
+    return f"predict/{name}" if round_ == 0 else f"predict/round{round_ + 1}/{name}"
+
+
+def _median(values: list) -> float | None:
+    have = [v for v in values if v]
+    return statistics.median(have) if have else None
+
+
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     """Kendall's tau-a of two orders (ties count as disagreement-free: neither concordant nor discordant)."""
     pairs = list(itertools.combinations(range(len(xs)), 2))
@@ -165,26 +178,37 @@ def run(bench: Bench) -> Section:
     env = {**os.environ, "XDG_CACHE_HOME": str(bench.out / "predict" / "cache")}  # never the user's calibration
     table = calibrate(bench, env)
     steps = "training.max_steps=12" if bench.quick else "training.max_steps=24"
-    rows, errors, by_model, skipped = [], [], {}, []
-    for family, label, strategy, world, launch in _configs(bench, bench.slurm):
-        model, data, batch = _families(bench)[family]
-        got = bench.submit(f"predict/{family}-{label}-w{world}", [
-            f"model={model}", f"data={data}", f"training.batch_size={batch}", "training.epochs=100", steps,
-            "training.eval_every_epochs=0", f"strategy={strategy}", *launch], recipe=BASE, env=env, check=False)
-        if got.get("returncode") == 2:  # refused before launch (the model or world does not allow it)
-            skipped.append(f"{family} {label}@{world}")
-            continue
-        predicted = (got.get("predicted") or {}).get("step_time_s")
-        measured = got.get("step_time_s")
+    rounds = bench.times(1)  # --repeats N: every configuration N times, in N rounds over all of them
+    configs, skipped, got = list(_configs(bench, bench.slurm)), [], {}
+    for r in range(rounds):
+        for family, label, strategy, world, launch in configs:
+            key = (family, label, world)
+            if f"{family} {label}@{world}" in skipped:
+                continue
+            model, data, batch = _families(bench)[family]
+            run = bench.submit(_folder(family, label, world, r), [
+                f"model={model}", f"data={data}", f"training.batch_size={batch}", "training.epochs=100", steps,
+                "training.eval_every_epochs=0", f"strategy={strategy}", *launch], recipe=BASE, env=env, check=False)
+            if run.get("returncode") == 2:  # refused before launch (the model or world does not allow it)
+                skipped.append(f"{family} {label}@{world}")
+                continue
+            got.setdefault(key, []).append(run)
+    rows, errors, by_model = [], [], {}
+    for (family, label, world), runs in got.items():
+        predicted = _median([(run.get("predicted") or {}).get("step_time_s") for run in runs])
+        measured = _median([run.get("step_time_s") for run in runs])
         error = predicted / measured - 1 if predicted and measured else None
-        rows.append([family, label, world, predicted, measured, error, (got.get("predicted") or {}).get("error")])
+        rows.append([family, label, world, predicted, measured, error,
+                     "; ".join(sorted({e for run in runs if (e := (run.get("predicted") or {}).get("error"))}))])
         if error is not None:
             errors.append(abs(error))
             by_model.setdefault((family, world), []).append((predicted, measured))
     taus = {key: kendall_tau([p for p, _ in v], [m for _, m in v]) for key, v in by_model.items() if len(v) > 1}
     s.lines += [f"Each run {steps.split('=')[1]} steps; predicted = the run's own `predicted.step_time_s` (calibration "
                 "of the machine alone, no recipe; the model's one-rank step timed when predicting); measured = "
-                "`step_time_s`, the median step. World 4 runs 4 ranks on 2 cores.", "", "```", table, "```", ""]
+                "`step_time_s`, the median step. World 4 runs 4 ranks on 2 cores."
+                + (f" Every configuration ran {rounds} times, in {rounds} rounds over all of them: both are the "
+                   "medians of its runs." if rounds > 1 else ""), "", "```", table, "```", ""]
     s.table(["model", "strategy", "world", "predicted (s)", "measured (s)", "error", "prediction error"], rows)
     if skipped:
         s.lines += ["Refused before launch (the strategy's checks): " + ", ".join(skipped), ""]
