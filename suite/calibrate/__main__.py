@@ -5,9 +5,10 @@ the planner can turn a step's profile into seconds; saved where the planner find
 from __future__ import annotations
 
 
-from suite.calibrate.measure import MAX_BYTES, MIN_BYTES, calibrate, table
+from suite.calibrate.measure import MAX_BYTES, MIN_BYTES, busy_warning, calibrate, table
 from suite.planner.calibration import save
 import argparse
+import sys
 from suite.common.errors import SuiteError, one_line
 
 
@@ -43,6 +44,8 @@ def main(argv=None) -> int:
         paths = save(c, args.out)
         print(table(c))
         print(f"took {c['took_s']:.1f} s; saved {', '.join(map(str, paths))}")
+        if busy_warning(c):
+            print(busy_warning(c), file=sys.stderr)
         return 0
 
     return one_line(_run, args)

@@ -49,6 +49,12 @@ IN_STEP_ROUNDS = 5
 # layers do it: matmuls alone measured 2-3x less per call.
 IN_STEP_SLICES = ((8, 4), (16, 16))
 IN_STEP_BYTES = 4096
+# A calibration begun with the 1-minute load average at or above this many runnable processes per
+# core is flagged (``busy_warning``): other work slows what it times. Measured on 2 cores: begun at
+# load 1.36, its costs of a call between slices of compute at 2 ranks came out 29-38 % above one begun
+# at 0.22 (all_reduce 664-813 µs against 480-632 µs), and the predictions made from it -19 .. +40 %.
+# Read on this host: not for a calibration whose ranks ran on Slurm nodes.
+BUSY_LOAD_PER_CORE = 0.5
 BURST_CALLS = 8  # calls one after another after a slice of compute, per burst (time_burst)
 BURST_ROUNDS = 6  # bursts per timed round
 
@@ -333,6 +339,7 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
     (the time model takes the fit of a run's own world size where there is one: at more ranks
     than cores, peers wait for each other's turn on a core, which one fit cannot carry)."""
     started = time.perf_counter()
+    load_at_start = os.getloadavg()[0] if recipe is None or recipe.launch.executor != "slurm" else None
     worlds = [world] if isinstance(world, int) else list(world)
     message_sizes = sizes(min_bytes, max_bytes)
     by_world, measured = {}, None
@@ -366,11 +373,23 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
     compute["models"] = models
     return {"key": key(measured["hosts"], measured["backend"], measured["threads"]), "hosts": measured["hosts"],
             "backend": measured["backend"], "threads": measured["threads"], "world_size": worlds[0],
-            "measured_at": time.time(), "load_average_1m": os.getloadavg()[0], "took_s": time.perf_counter() - started,
+            "measured_at": time.time(), "load_average_1m": os.getloadavg()[0], "load_average_at_start": load_at_start,
+            "took_s": time.perf_counter() - started,
             "compute": compute, "collectives": by_world[str(worlds[0])], "collectives_by_world": by_world,
             # The link class the timed ranks crossed: between nodes where they ran on several.
             "links": {"inter" if len(measured["hosts"]) > 1 else "intra": by_world[str(worlds[0])]},
             "borrowed": dict(alpha_beta.BORROWED)}
+
+
+def busy_warning(calibration: dict) -> str | None:
+    """One line where the machine was busy when the calibration began (``BUSY_LOAD_PER_CORE``),
+    else None; the load it records over its own run counts its own ranks and is not used."""
+    load, cores = calibration.get("load_average_at_start"), calibration["compute"].get("cores") or 1
+    if load is None or load < BUSY_LOAD_PER_CORE * cores:
+        return None
+    return (f"calibrate: the machine was busy when this began (load average {load:.2f} over the last minute, "
+            f"{cores} cores): other work slows what it times, and every step time predicted from it (one taken so "
+            "priced calls inside a step at 2 ranks 29-38 % dearer). Calibrate again when the machine is quiet.")
 
 
 def table(calibration: dict) -> str:

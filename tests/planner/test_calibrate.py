@@ -118,6 +118,7 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     assert c["compute"]["peak_flops_per_s_by_threads"]["1"] > 0
     assert c["compute"]["copy_bytes_per_s"] > 0 and "memory copy: 1 thread" in proc.stdout
     assert calibration.load(backend="gloo")["key"] == c["key"]  # found again in the cache by host
+    assert c["load_average_at_start"] >= 0  # read before its own ranks start: busy_warning judges it
     # a small call of each kind timed between slices of compute of two lengths, as a step calls it
     for kind, f in c["collectives"].items():
         assert [s for s, _ in f["step_alpha"]] == sorted(s for s, _ in f["step_alpha"]) and len(f["step_alpha"]) == 2
@@ -251,3 +252,15 @@ def test_a_run_on_a_slurm_node_finds_the_calibration_taken_on_that_node_by_slurm
     assert calibration.load()["key"] == "n1+n2-gloo-2threads"  # not n10's
     monkeypatch.setenv("SLURMD_NODENAME", "n3")
     assert calibration.load() is None
+
+
+def test_a_calibration_begun_on_a_busy_machine_says_so():
+    """Other work slows what a calibration times, and every prediction made from it: one begun at
+    a load of half a process per core or more is flagged in one line; one from before the field
+    (or of Slurm nodes, whose load this host cannot see) is not."""
+    busy = {"load_average_at_start": 1.36, "compute": {"cores": 2}}
+    warning = calibrate.busy_warning(busy)
+    assert warning.count("\n") == 0 and "load average 1.36" in warning and "Calibrate again" in warning
+    assert calibrate.busy_warning({"load_average_at_start": 0.22, "compute": {"cores": 2}}) is None
+    assert calibrate.busy_warning({"compute": {"cores": 2}}) is None
+    assert calibrate.busy_warning({"load_average_at_start": 1.36, "compute": {"cores": 8}}) is None
