@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from suite.planner import alpha_beta, timing
+from suite.planner import alpha_beta, hardware, timing
 from suite.planner.calibration import cache_dir, key
 from suite.planner.compute import compute_rates, model_rates
 import warnings
@@ -49,12 +49,6 @@ IN_STEP_ROUNDS = 5
 # layers do it: matmuls alone measured 2-3x less per call.
 IN_STEP_SLICES = ((8, 4), (16, 16))
 IN_STEP_BYTES = 4096
-# A calibration begun with the 1-minute load average at or above this many runnable processes per
-# core is flagged (``busy_warning``): other work slows what it times. Measured on 2 cores: begun at
-# load 1.36, its costs of a call between slices of compute at 2 ranks came out 29-38 % above one begun
-# at 0.22 (all_reduce 664-813 µs against 480-632 µs), and the predictions made from it -19 .. +40 %.
-# Read on this host: not for a calibration whose ranks ran on Slurm nodes.
-BUSY_LOAD_PER_CORE = 0.5
 BURST_CALLS = 8  # calls one after another after a slice of compute, per burst (time_burst)
 BURST_ROUNDS = 6  # bursts per timed round
 
@@ -382,10 +376,10 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
 
 
 def busy_warning(calibration: dict) -> str | None:
-    """One line where the machine was busy when the calibration began (``BUSY_LOAD_PER_CORE``),
+    """One line where the machine was busy when the calibration began (``hardware.busy_load``),
     else None; the load it records over its own run counts its own ranks and is not used."""
-    load, cores = calibration.get("load_average_at_start"), calibration["compute"].get("cores") or 1
-    if load is None or load < BUSY_LOAD_PER_CORE * cores:
+    load, cores = hardware.busy_load(calibration), calibration["compute"].get("cores") or 1
+    if load is None:
         return None
     return (f"calibrate: the machine was busy when this began (load average {load:.2f} over the last minute, "
             f"{cores} cores): other work slows what it times, and every step time predicted from it (one taken so "

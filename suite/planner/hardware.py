@@ -98,6 +98,21 @@ def link_fits(calibration: dict, link: str) -> dict:
     return links.get(link) or links.get("intra") or calibration["collectives"]
 
 
+# A calibration begun with the 1-minute load average at or above this many runnable processes per
+# core is flagged (``busy_load``): other work slows what it times. Measured on 2 cores: begun at
+# load 1.36, its costs of a call between slices of compute at 2 ranks came out 29-38 % above one begun
+# at 0.22 (all_reduce 664-813 µs against 480-632 µs), and the predictions made from it -19 .. +40 %.
+# Read on the calibrating host: none for a calibration whose ranks ran on Slurm nodes.
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def busy_load(calibration: dict) -> float | None:
+    """The load average when a measured calibration began, where the machine was busy then
+    (``BUSY_LOAD_PER_CORE``); else None (a preset, a quiet machine, a calibration without it)."""
+    load, cores = calibration.get("load_average_at_start"), (calibration.get("compute") or {}).get("cores") or 1
+    return load if load is not None and load >= BUSY_LOAD_PER_CORE * cores else None
+
+
 def describe(calibration: dict) -> str:
     """One line saying what the figures rest on."""
     if calibration.get("from_specs"):
@@ -105,4 +120,7 @@ def describe(calibration: dict) -> str:
                 f"({calibration['source']}); assumed: {'; '.join(calibration['assumptions'])}")
     links = calibration.get("links") or {}
     where = "within and across nodes" if "inter" in links else "within one node (across nodes assumed the same)"
-    return f"calibration {calibration.get('key', '?')} measured on {', '.join(calibration.get('hosts', []) or ['?'])}, links {where}"
+    busy = busy_load(calibration)
+    return (f"calibration {calibration.get('key', '?')} measured on {', '.join(calibration.get('hosts', []) or ['?'])}, "
+            f"links {where}" + (f"; begun on a busy machine (load average {busy:.2f}): its times, and these "
+                                "predictions, may be slow; calibrate again when it is quiet" if busy else ""))

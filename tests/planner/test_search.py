@@ -106,6 +106,21 @@ def test_a_calibration_of_one_node_stands_for_the_links_between_nodes_and_says_s
     cal = {"key": "k", "hosts": ["a"], "collectives": fits, "links": {"intra": fits}}
     assert hardware.link_fits(cal, "inter") is fits
     assert "across nodes assumed the same" in hardware.describe(cal)
+    assert "busy" not in hardware.describe(cal)  # a calibration from before the load was recorded
+
+
+def test_a_calibration_begun_on_a_busy_machine_is_named_so_wherever_the_planner_describes_it():
+    """advise prints ``hardware.describe`` on every output: a calibration begun with half a runnable
+    process per core or more (other work slowing what it timed) says so there, as the calibrate
+    command did when it was taken."""
+    fits = {"all_reduce": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}}
+    cal = {"key": "k", "hosts": ["a"], "collectives": fits, "links": {"intra": fits}, "compute": {"cores": 2},
+           "load_average_at_start": 1.36}
+    assert hardware.busy_load(cal) == 1.36
+    assert "begun on a busy machine (load average 1.36)" in hardware.describe(cal)
+    quiet = {**cal, "load_average_at_start": 0.22}
+    assert hardware.busy_load(quiet) is None and "busy" not in hardware.describe(quiet)
+    assert hardware.busy_load({**cal, "compute": {"cores": 8}}) is None
 
 
 def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(tmp_path, monkeypatch):
