@@ -24,18 +24,13 @@ def _where(name: str) -> str:
     return "2nodes" if "@2nodes" in name else name.rsplit("-", 1)[1]
 
 
-def _median(values: list) -> float | None:
-    have = [v for v in values if v]
-    return statistics.median(have) if have else None
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bench_out", type=Path)
     p.add_argument("pattern", nargs="?", default="", help="only runs whose folder name contains this")
     args = p.parse_args()
     os.environ["XDG_CACHE_HOME"] = str(args.bench_out / "predict" / "cache")  # before the suite reads it
-    from sections.predict import kendall_tau, percentile
+    from sections.predict import kendall_tau, median_of, percentile
     from suite import recipe as recipes
     from suite.planner.predict import prediction
 
@@ -46,14 +41,14 @@ def main() -> int:
     rows = []
     for name, paths in runs.items():
         summaries = [json.loads(path.read_text()) for path in paths]
-        measured = _median([summary.get("step_time_s") for summary in summaries])
+        measured = median_of([summary.get("step_time_s") for summary in summaries])
         if args.pattern not in name or not measured:
             continue
         if _where(name) == "2nodes":  # predicted on its Slurm node, from the calibration under that node's name
             continue
         recipe = recipes.validate(yaml.safe_load((paths[0].parent / "recipe.yaml").read_text()))
         new = prediction(recipe).get("step_time_s")
-        old = _median([(summary.get("predicted") or {}).get("step_time_s") for summary in summaries])
+        old = median_of([(summary.get("predicted") or {}).get("step_time_s") for summary in summaries])
         if new:
             rows.append((name, new, measured, old))
         print(f"{name:32s} old {(old / measured - 1) if old else float('nan'):+.2f} "

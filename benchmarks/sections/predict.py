@@ -151,7 +151,8 @@ def _folder(family: str, label: str, world: int, round_: int) -> str:
     return f"predict/{name}" if round_ == 0 else f"predict/round{round_ + 1}/{name}"
 
 
-def _median(values: list) -> float | None:
+def median_of(values: list) -> float | None:
+    """The median of the values given (None and 0 left out: a run without them), or None."""
     have = [v for v in values if v]
     return statistics.median(have) if have else None
 
@@ -195,8 +196,8 @@ def run(bench: Bench) -> Section:
             got.setdefault(key, []).append(run)
     rows, errors, by_model = [], [], {}
     for (family, label, world), runs in got.items():
-        predicted = _median([(run.get("predicted") or {}).get("step_time_s") for run in runs])
-        measured = _median([run.get("step_time_s") for run in runs])
+        predicted = median_of([(run.get("predicted") or {}).get("step_time_s") for run in runs])
+        measured = median_of([run.get("step_time_s") for run in runs])
         error = predicted / measured - 1 if predicted and measured else None
         rows.append([family, label, world, predicted, measured, error,
                      "; ".join(sorted({e for run in runs if (e := (run.get("predicted") or {}).get("error"))}))])

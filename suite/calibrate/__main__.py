@@ -44,8 +44,9 @@ def main(argv=None) -> int:
         paths = save(c, args.out)
         print(table(c))
         print(f"took {c['took_s']:.1f} s; saved {', '.join(map(str, paths))}")
-        if busy_warning(c):
-            print(busy_warning(c), file=sys.stderr)
+        warning = busy_warning(c)
+        if warning:
+            print(warning, file=sys.stderr)
         return 0
 
     return one_line(_run, args)

@@ -378,9 +378,10 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
 def busy_warning(calibration: dict) -> str | None:
     """One line where the machine was busy when the calibration began (``hardware.busy_load``),
     else None; the load it records over its own run counts its own ranks and is not used."""
-    load, cores = hardware.busy_load(calibration), calibration["compute"].get("cores") or 1
+    load = hardware.busy_load(calibration)
     if load is None:
         return None
+    cores = calibration["compute"].get("cores") or 1
     return (f"calibrate: the machine was busy when this began (load average {load:.2f} over the last minute, "
             f"{cores} cores): other work slows what it times, and every step time predicted from it (one taken so "
             "priced calls inside a step at 2 ranks 29-38 % dearer). Calibrate again when the machine is quiet.")
