@@ -51,7 +51,8 @@ def main() -> int:
         old = median_of([(summary.get("predicted") or {}).get("step_time_s") for summary in summaries])
         if new:
             rows.append((name, new, measured, old))
-        print(f"{name:32s} old {(old / measured - 1) if old else float('nan'):+.2f} "
+        print(f"{name:32s} measured {measured * 1e3:8.2f} ms  new {new * 1e3 if new else float('nan'):8.2f} ms  "
+              f"old {(old / measured - 1) if old else float('nan'):+.2f} "
               f"new {(new / measured - 1) if new else float('nan'):+.2f}", flush=True)
     if not rows:
         sys.exit(f"no predict runs with a measured step under {args.bench_out}")

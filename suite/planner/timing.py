@@ -10,7 +10,9 @@
     exposed   = comm_s - hidden,  hidden = min(Σ_k overlap_k · comm_k, window of compute)
     step_s    = compute_s / (1 - bubble) + copy_s + exposed_comm_s
                 bubble: (K-1)/(M+K-1) for K balanced stages and M chunks; less where the busiest
-                stage does more than 1/K of the compute (``pipeline_bubble``)
+                stage does more than 1/K of the compute (``pipeline_bubble``); GPipe with a
+                core or device per rank: its schedule played out op by op, its messages in
+                it (``pipeline_schedule``), in place of the bubble and the messages' time
     samples/s = profile.samples / step_s
 
 rate: the recipe's model's rate measured by the calibration with as many ranks stepping at once
@@ -54,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from suite.common.errors import SuiteError
 from suite.common.threads import rank_threads
-from suite.planner import alpha_beta, hardware
+from suite.planner import alpha_beta, hardware, pipeline_schedule
 from suite.planner.pipeline_time import (neighbour_ratio, path_calls_factor, pipeline_bubble,
                                          pipelined_compute_s)
 from suite.planner.profile import StepProfile
@@ -378,11 +380,16 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         # rank stepping, holds that already: tensor parallelism at 4 ranks on 2 cores (6 runs:
         # MLPs and transformers) was predicted 13-43 % fast with it, -8 .. +22 % without.
         hidden_s = max(hidden_s, min(sum(free.values()) * (1 - share), compute_s))
-    bubble, compute_step_s, ready_s = 0.0, compute_s, 0.0
+    bubble, compute_step_s, ready_s, simulated = 0.0, compute_s, 0.0, None
     if overlap.bubble:
         bubble = pipeline_bubble(stages, options.get("chunks") or 1, stage_share)
         compute_step_s = pipelined_compute_s(compute_s, bubble, share, stages, stage_share)
-        if share >= 1:
+        simulated = _simulated_schedule(options, profile, calibration, compute_s, stage_share, timed_stages, share)
+        if simulated is not None:
+            # Its schedule played out op by op, its messages in it: what they cost is in the step.
+            compute_step_s = simulated["step_s"]
+            ready_s = sum(per_kind.get(k, 0.0) for k in ("send", "recv"))
+        elif share >= 1:
             point_to_point = sum(per_kind.get(k, 0.0) for k in ("send", "recv"))
             ready_s = min(point_to_point, compute_s * (1 - neighbour_ratio(timed_stages, stages, stage_share)))
     exposed_s = comm_s - hidden_s - ready_s
@@ -390,4 +397,32 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     return {"compute_s": compute_s, "copy_s": copy_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,
             "samples_per_s": profile.samples / step_s if step_s > 0 else None,
             "comm_s_by_kind": per_kind, "bubble": bubble, "messages_ready_s": ready_s, "flops_per_s": rate, "rate": rate_note,
-            "overlap_rule": overlap.why}
+            "overlap_rule": overlap.why, **({"schedule_simulated_s": simulated["step_s"]} if simulated else {})}
+
+
+def _simulated_schedule(options: dict, profile: StepProfile, calibration: dict, compute_s: float,
+                        stage_share: float | None, timed_stages: list | None, share: float) -> dict | None:
+    """The pipeline's step played out op by op (``pipeline_schedule.predicted_step``) where the
+    run's schedule is one it predicts so (``stage_schedule``; ``pipeline_schedule.PREDICTED``),
+    each rank has a core or a device of its own (``share`` 1) and the profile counts the first
+    stage's sends; else None (the bubble formula). Each stage's step from its timed step where
+    timed (``timed_stages``, its optimizer included), else the busiest stage's ``compute_s`` and
+    the rest of the model spread evenly over the other stages; its messages at the send's fit over
+    their link."""
+    sends = profile.comm_calls.get("send", 0)
+    layout, stages, chunks = options.get("layout"), options.get("stages") or 1, options.get("chunks") or 1
+    if share < 1 or not sends or stages < 2 or layout is None:
+        return None
+    schedule = strategy_options(options).stage_schedule(layout)
+    if schedule not in pipeline_schedule.PREDICTED:
+        return None
+    if timed_stages:
+        steps = [t * compute_s / max(timed_stages) for t in timed_stages]
+    else:
+        s = stage_share if stage_share and 1 / stages <= stage_share <= 1 else 1 / stages
+        steps = [compute_s] + [compute_s * (1 - s) / ((stages - 1) * s)] * (stages - 1)
+    size, link = group_of("send", options, profile)
+    fits = _group_fits(calibration, size, link) or hardware.link_fits(calibration, link)
+    fit = fits["send" if "send" in fits else alpha_beta.BORROWED.get("send")]
+    return pipeline_schedule.predicted_step(schedule, steps, chunks, BACKWARD_SHARE, fit,
+                                            profile.comm_bytes.get("send", 0) / sends)
