@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("pattern", nargs="?", default="", help="only runs whose folder name contains this")
     args = p.parse_args()
     os.environ["XDG_CACHE_HOME"] = str(args.bench_out / "predict" / "cache")  # before the suite reads it
-    from sections.predict import kendall_tau, median_of, percentile
+    from sections.predict import kendall_tau, median_of, percentile, swapped_pairs
     from suite import recipe as recipes
     from suite.planner.predict import prediction
 
@@ -50,7 +50,8 @@ def main() -> int:
         new = prediction(recipe).get("step_time_s")
         old = median_of([(summary.get("predicted") or {}).get("step_time_s") for summary in summaries])
         if new:
-            rows.append((name, new, measured, old))
+            rows.append((name, new, measured, old, [summary["step_time_s"] for summary in summaries
+                                                    if summary.get("step_time_s")]))
         print(f"{name:32s} measured {measured * 1e3:8.2f} ms  new {new * 1e3 if new else float('nan'):8.2f} ms  "
               f"old {(old / measured - 1) if old else float('nan'):+.2f} "
               f"new {(new / measured - 1) if new else float('nan'):+.2f}", flush=True)
@@ -69,6 +70,14 @@ def main() -> int:
             groups.setdefault((r[0].split("-", 1)[0], _where(r[0])), []).append((r[column], r[2]))
         taus = {f"{f}-{w}": kendall_tau([a for a, _ in v], [b for _, b in v]) for (f, w), v in groups.items() if len(v) > 1}
         print("  Kendall tau: " + ", ".join(f"{k} {t:.2f}" for k, t in sorted(taus.items())))
+        pairs: dict = {}
+        for r in have:
+            pairs.setdefault(f"{r[0].split('-', 1)[0]}-{_where(r[0])}", []).append(
+                (r[0].split("-", 1)[1].rsplit("-", 1)[0], r[column], r[4]))
+        swapped = {k: swapped_pairs(v) for k, v in sorted(pairs.items()) if k in taus and taus[k] < 0.8}
+        if swapped:
+            print("  pairs swapped where tau < 0.8 (~: measured ranges overlap): "
+                  + "; ".join(f"{k} {' '.join(v)}" for k, v in swapped.items()))
     return 0
 
 

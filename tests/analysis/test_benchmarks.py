@@ -57,3 +57,23 @@ def test_a_wrong_variants_file_is_refused_with_what_to_fix(tmp_path):
         proc = subprocess.run([sys.executable, *COMPARE, "--only", "predict", "--variants", str(spec)],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and message in proc.stderr, (text, proc.stderr)
+
+
+def test_the_predict_section_names_each_swapped_pair_and_whether_its_runs_overlap():
+    """A pair predicted in the order opposite to its measured medians is named; marked ~ where the
+    two measured ranges over the rounds overlap (the measurement does not settle their order),
+    never with one run each (no spread known)."""
+    import importlib
+    from pathlib import Path
+    sys.path.insert(0, str(Path("benchmarks").resolve()))
+    try:
+        predict = importlib.import_module("sections.predict")
+    finally:
+        sys.path.pop(0)
+    items = [("ddp", 1.0, [1.0, 1.1, 1.2]),  # predicted fastest, measured fastest: agrees
+             ("zero1", 2.0, [1.9, 2.0, 2.3]),  # predicted before gpipe, measured after it within their ranges
+             ("gpipe", 2.5, [1.8, 1.95, 2.0]),
+             ("fsdp", 1.5, [3.0, 3.1, 3.2])]  # predicted before zero1 and gpipe, measured well after both
+    assert predict.swapped_pairs(items) == ["zero1/gpipe~", "zero1/fsdp", "gpipe/fsdp"]
+    assert predict.swapped_pairs([("a", 1.0, [2.0]), ("b", 2.0, [1.9])]) == ["a/b"]
+    assert predict.swapped_pairs(items[:2]) == []
