@@ -32,7 +32,7 @@ def prediction(recipe, calibration: dict | None = None) -> dict:
 
 def _prediction(recipe, calibration):
     # start-up: loads pydantic, suite.common, suite.planner, suite.record only when this runs
-    from suite.planner import analytic, calibration as stored, model_time, timing
+    from suite.planner import analytic, calibration as stored, hardware, model_time, timing
 
     # Not the fake run: see the module's docstring.
     profile = analytic.profile(recipe, recipe.world_size, "the run's own prediction (no fake run of the strategy)")
@@ -50,4 +50,8 @@ def _prediction(recipe, calibration):
     out.update(step_time_s=t["step_s"], samples_per_s=t["samples_per_s"], compute_s=t["compute_s"],
                copy_s=t["copy_s"], comm_s=t["comm_s"], exposed_comm_s=t["exposed_comm_s"], calibration=calibration.get("key"),
                rate=t["rate"])
+    if (busy := hardware.busy_load(calibration)) is not None:
+        out["calibration_busy_load"] = busy
+        out["notes"].append(f"the calibration began on a busy machine (load average {busy:.2f}): its times, and "
+                            "this prediction, may be slow; calibrate again when it is quiet")
     return out

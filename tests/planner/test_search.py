@@ -144,6 +144,10 @@ def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(
     # Timed once: a second prediction of the same model and batch reads the cache.
     assert model_time.timed(recipe, 1, 2)["cached"] is True
     assert model_time.timed(recipe, 1, 2, own_strategy=True)["cached"] is True
+    # A calibration begun on a busy machine: the prediction (a run's summary, submit --dry-run) says so.
+    assert "calibration_busy_load" not in got and not any("busy" in n for n in got["notes"])
+    busy = prediction(recipe, {**cal, "load_average_at_start": 1.36})
+    assert busy["calibration_busy_load"] == 1.36 and "began on a busy machine (load average 1.36)" in busy["notes"][-1]
 
 
 def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_path, monkeypatch):
