@@ -109,21 +109,43 @@ def _one_f_one_b(stage: int, stages: int, chunks: int) -> list[tuple]:
 
 
 def simulate(schedule: str, forward_s: list[float], backward_s: list[float], chunks: int,
-             latency_s: float, notice_s: float | None = None) -> dict:
+             latency_s: float, notice_s: float | None = None, busy_latency_s: float | None = None) -> dict:
     """{"step_s": the last stage's end, "stage_end_s", "stage_busy_s", "messages"} for one step
     of ``schedule`` over ``len(forward_s)`` stages, each rank on a core or device of its own.
     ``forward_s``/``backward_s``: a chunk's forward and backward on each stage; ``latency_s``:
     a message's data one way between neighbours; ``notice_s``: a receive's notice to the sender
-    (no data; default ``latency_s``)."""
+    (no data; default ``latency_s``); ``busy_latency_s``: the data's time where it leaves while
+    its sender computes (default ``latency_s``). Which messages do is known only once the step
+    is played out: it is played again with the last play's compute spans until they hold."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule {schedule!r}: simulated are {', '.join(SCHEDULES)}")
+    out = _play(schedule, forward_s, backward_s, chunks, latency_s, notice_s, None, None)
+    for _ in range(PLAYS if busy_latency_s is not None else 0):
+        again = _play(schedule, forward_s, backward_s, chunks, latency_s, notice_s, busy_latency_s, out["computing"])
+        if again["computing"] == out["computing"]:
+            return again
+        out = again
+    return out
+
+
+PLAYS = 5  # at most: a message found to leave during its sender's compute moves the spans after it
+
+
+def _play(schedule, forward_s, backward_s, chunks, latency_s, notice_s, busy_latency_s, computing) -> dict:
+    """One play of ``simulate``'s step; ``computing``: each stage's compute spans from the last
+    play, by which a message's data is priced at ``busy_latency_s`` (None: ``latency_s`` always)."""
     stages = len(forward_s)
     build = _gpipe if schedule == "gpipe" else _one_f_one_b
     programs = [build(s, stages, chunks) for s in range(stages)]
     clock, pc = [0.0] * stages, [0] * stages
     posted: dict = {}  # (message, side "send"/"recv") -> when posted
     handles: list[dict] = [{} for _ in range(stages)]  # handle -> its messages
+    spans: list[list] = [[] for _ in range(stages)]  # each stage's compute, (start, end)
     messages, notice = 0, latency_s if notice_s is None else notice_s
+
+    def data_s(sender: int, leaves: float) -> float:
+        busy = computing is not None and any(a < leaves < b for a, b in computing[sender])
+        return busy_latency_s if busy else latency_s
 
     def done_at(stage: int, handle) -> float | None:
         """When the handle's messages complete, or None while a peer has not posted its side."""
@@ -134,7 +156,8 @@ def simulate(schedule: str, forward_s: list[float], backward_s: list[float], chu
             if there is None:
                 return None
             sent, ready = (posted[(message, here)], there) if here == "send" else (there, posted[(message, here)])
-            end = max(end, max(sent, ready + notice) + latency_s)
+            leaves = max(sent, ready + notice)
+            end = max(end, leaves + data_s(message[2], leaves))
         return end
 
     while any(pc[s] < len(programs[s]) for s in range(stages)):
@@ -153,13 +176,14 @@ def simulate(schedule: str, forward_s: list[float], backward_s: list[float], chu
                         break
                     clock[s] = max([clock[s], *ends])
                 else:
-                    clock[s] += (forward_s if op[0] == "f" else backward_s)[s]
+                    start, clock[s] = clock[s], clock[s] + (forward_s if op[0] == "f" else backward_s)[s]
+                    spans[s].append((start, clock[s]))
                 pc[s] += 1
                 moved = True
         if not moved:
             raise RuntimeError(f"{schedule} with {stages} stages and {chunks} chunks deadlocked in simulation")
     busy = [chunks * (f + b) for f, b in zip(forward_s, backward_s)]
-    return {"step_s": max(clock), "stage_end_s": clock, "stage_busy_s": busy, "messages": messages}
+    return {"step_s": max(clock), "stage_end_s": clock, "stage_busy_s": busy, "messages": messages, "computing": spans}
 
 
 def predicted_step(schedule: str, stage_steps: list[float], chunks: int, backward_share: float, fit: dict,
@@ -170,14 +194,20 @@ def predicted_step(schedule: str, stage_steps: list[float], chunks: int, backwar
 
     A message's notice, a call with no data from a rank that waits, costs the fit's alpha (timed
     after a barrier); its data what a send costs between the calibration's shortest slices of
-    compute (``alpha_beta.step_alpha`` at 0: the sender may have been computing), plus its bytes
-    over the bandwidth. Not the price at the step's own slice, which the time model gives other
-    kinds: that is a call's cost while both ranks compute between calls. Re-predicting the
-    stored GPipe runs at world 2 on 2 cores (25 runs, 20 models): the bubble formula's errors
-    -44 .. +27 % (median |error| 10 %), GPipe predicted faster than 1F1B where it was measured
-    slower; this, -32 .. +20 % (median 10 %), GPipe slower than 1F1B. Data and notice both at the
-    shortest slice over-predicted all but one GPipe run of a held-out set (+10 .. +38 %)."""
+    compute (``alpha_beta.step_alpha`` at 0), plus its bytes over the bandwidth, or, where it
+    leaves while its sender computes, what a send costs between slices as long as the busiest
+    stage's compute over its sends and receives (on a CPU the sender's communication thread waits
+    for the core its compute holds; both ranks compute while messages move between balanced
+    stages). Re-predicting the stored GPipe runs at world 2 on 2 cores (25 runs, 20 models)
+    with the shortest slice's price for every message: the bubble formula's errors -44 .. +27 %
+    (median |error| 10 %), GPipe predicted faster than 1F1B where it was measured slower; this,
+    -32 .. +20 % (median 10 %), GPipe slower than 1F1B. Data and notice both at the shortest
+    slice over-predicted all but one GPipe run of a held-out set (+10 .. +38 %). A transformer of
+    balanced stages (`late.yaml`) was -24 % with every message at the shortest slice's price,
+    -16 % with a busy sender's at the step's."""
     notice_s = fit["alpha_s"]
-    latency_s = alpha_beta.step_alpha(fit, 0.0) + message_bytes / fit["beta_bytes_per_s"]
+    data = message_bytes / fit["beta_bytes_per_s"]
+    latency_s = alpha_beta.step_alpha(fit, 0.0) + data
+    busy_s = alpha_beta.step_alpha(fit, max(stage_steps) / (2 * chunks)) + data
     return simulate(schedule, [t / chunks * (1 - backward_share) for t in stage_steps],
-                    [t / chunks * backward_share for t in stage_steps], chunks, latency_s, notice_s)
+                    [t / chunks * backward_share for t in stage_steps], chunks, latency_s, notice_s, busy_s)

@@ -40,6 +40,21 @@ def test_gpipe_pays_a_rendezvous_per_message_where_1f1b_fuses_them():
     assert pipeline_schedule.simulate("gpipe", f, b, 4, latency, notice_s=1e-4)["step_s"] == pytest.approx(4.5e-3)
 
 
+def test_a_message_that_leaves_while_its_sender_computes_costs_the_busy_price():
+    """Balanced stages of 1 + 2 ms chunks: the first stage sends each activation and goes on to
+    its next chunk, so the second and third leave while it computes (the first as its next chunk
+    starts, the last after its forwards end); the gradients likewise, the second and third while
+    the last stage computes its next backward. A busy sender's price (its communication waiting
+    for the core its compute holds), 0.4 ms dearer, lengthens the step by those four; the same
+    price idle or busy changes nothing."""
+    f, b = [1e-3, 1e-3], [2e-3, 2e-3]
+    idle = pipeline_schedule.simulate("gpipe", f, b, 4, 1e-4, notice_s=1e-5)
+    same = pipeline_schedule.simulate("gpipe", f, b, 4, 1e-4, notice_s=1e-5, busy_latency_s=1e-4)
+    busy = pipeline_schedule.simulate("gpipe", f, b, 4, 1e-4, notice_s=1e-5, busy_latency_s=5e-4)
+    assert same["step_s"] == pytest.approx(idle["step_s"])
+    assert busy["step_s"] == pytest.approx(idle["step_s"] + 4 * 4e-4)
+
+
 def test_an_unbalanced_split_steps_at_its_busiest_stages_pace():
     """A first stage doing 3/4 of the compute (chunks of 0.75 s) beside one of 0.25 s: its M
     chunks plus the light stage's fill and drain, as the bubble formula says, and messages the
