@@ -65,16 +65,13 @@ def main() -> int:
             e = [abs(r[column] / r[2] - 1) for r in have if _where(r[0]) == where]
             if e:
                 print(f"  {where}: {len(e)} runs, median {statistics.median(e):.0%}, p90 {percentile(e, 0.9):.0%}")
-        groups: dict = {}
+        groups: dict = {}  # "<family>-<where>": (strategy label, predicted, measured median, measured runs)
         for r in have:
-            groups.setdefault((r[0].split("-", 1)[0], _where(r[0])), []).append((r[column], r[2]))
-        taus = {f"{f}-{w}": kendall_tau([a for a, _ in v], [b for _, b in v]) for (f, w), v in groups.items() if len(v) > 1}
+            family, rest = r[0].split("-", 1)
+            groups.setdefault(f"{family}-{_where(r[0])}", []).append((rest.rsplit("-", 1)[0], r[column], r[2], r[4]))
+        taus = {k: kendall_tau([g[1] for g in v], [g[2] for g in v]) for k, v in groups.items() if len(v) > 1}
         print("  Kendall tau: " + ", ".join(f"{k} {t:.2f}" for k, t in sorted(taus.items())))
-        pairs: dict = {}
-        for r in have:
-            pairs.setdefault(f"{r[0].split('-', 1)[0]}-{_where(r[0])}", []).append(
-                (r[0].split("-", 1)[1].rsplit("-", 1)[0], r[column], r[4]))
-        swapped = {k: swapped_pairs(v) for k, v in sorted(pairs.items()) if k in taus and taus[k] < 0.8}
+        swapped = {k: swapped_pairs([(g[0], g[1], g[3]) for g in groups[k]]) for k in sorted(taus) if taus[k] < 0.8}
         if swapped:
             print("  pairs swapped where tau < 0.8 (~: measured ranges overlap): "
                   + "; ".join(f"{k} {' '.join(v)}" for k, v in swapped.items()))

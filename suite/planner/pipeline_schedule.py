@@ -29,6 +29,7 @@ SCHEDULES = ("gpipe", "1f1b")
 # against 2.2, 4.1, 7.9 ms simulated (a calibration of the machine that hour). The bubble
 # formula predicts 1F1B (``suite.planner.timing``).
 PREDICTED = ("gpipe",)
+PLAYS = 5  # at most (``simulate``): a message found to leave during its sender's compute moves the spans after it
 
 
 def _gpipe(stage: int, stages: int, chunks: int) -> list[tuple]:
@@ -127,8 +128,6 @@ def simulate(schedule: str, forward_s: list[float], backward_s: list[float], chu
         out = again
     return out
 
-
-PLAYS = 5  # at most: a message found to leave during its sender's compute moves the spans after it
 
 
 def _play(schedule, forward_s, backward_s, chunks, latency_s, notice_s, busy_latency_s, computing) -> dict:

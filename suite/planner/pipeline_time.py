@@ -5,6 +5,12 @@ on, are in each function and in docs/plan.md."""
 from __future__ import annotations
 
 
+def busiest_or_balanced(stages: int, busiest_share: float | None) -> float:
+    """The busiest stage's share of the compute where it is known and possible (between 1/stages
+    and 1), else a balanced split's 1/stages."""
+    return busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
+
+
 def pipeline_bubble(stages: int, chunks: int, busiest_share: float | None = None) -> float:
     """The share of a pipeline step its busiest stage idles, for ``stages`` K and ``chunks`` M.
 
@@ -17,7 +23,7 @@ def pipeline_bubble(stages: int, chunks: int, busiest_share: float | None = None
     step = C·((M-1)/M + 1/(M·s)) and the bubble is 1 - 1/((M-1)/M + 1/(M·s))."""
     if stages < 2:
         return 0.0
-    share = busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
+    share = busiest_or_balanced(stages, busiest_share)
     factor = (chunks - 1) / chunks + 1 / (chunks * share)
     return 1 - 1 / factor
 
@@ -35,7 +41,7 @@ def pipelined_compute_s(compute_s: float, bubble: float, share: float, stages: i
     busiest stage's work at the shared rate, over its share of the work). Measured at 4 stages
     on 2 cores (GPipe and 1F1B, 4 chunks): charging the bubble at the shared rate over-predicted
     by 74-130 %."""
-    stage = busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
+    stage = busiest_or_balanced(stages, busiest_share)
     return max(compute_s * share / (1 - bubble), compute_s / (stage * stages) if share < 1 else 0.0)
 
 
@@ -96,5 +102,5 @@ def neighbour_ratio(stage_s: list[float] | None, stages: int, busiest_share: flo
         b = stage_s.index(max(stage_s))
         sides = [stage_s[j] for j in (b - 1, b + 1) if 0 <= j < stages]
         return min(1.0, max(sides) / stage_s[b])
-    s = busiest_share if busiest_share and 1 / stages <= busiest_share <= 1 else 1 / stages
+    s = busiest_or_balanced(stages, busiest_share)
     return min(1.0, (1 - s) / ((stages - 1) * s))

@@ -57,8 +57,8 @@ from typing import TYPE_CHECKING
 from suite.common.errors import SuiteError
 from suite.common.threads import rank_threads
 from suite.planner import alpha_beta, hardware, pipeline_schedule
-from suite.planner.pipeline_time import (neighbour_ratio, path_calls_factor, pipeline_bubble,
-                                         pipelined_compute_s)
+from suite.planner.pipeline_time import (busiest_or_balanced, neighbour_ratio, path_calls_factor,
+                                         pipeline_bubble, pipelined_compute_s)
 from suite.planner.profile import StepProfile
 import hashlib
 
@@ -212,14 +212,21 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     call's latency what it costs between slices of compute ``slice_s`` long, or with ``burst``
     in a burst of calls after compute."""
     size, link = group_of(kind, options, profile, data)
-    fits = _message_fits(kind, link, profile, calibration, options) or _group_fits(calibration, size, link) \
-        or hardware.link_fits(calibration, link)
-    source = kind if kind in fits else alpha_beta.BORROWED.get(kind)
-    f = fits[source]
+    f = _fit(kind, size, link, profile, calibration, options)
     alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
     alpha_s *= _group_slowdown(kind, size, link, profile, calibration, options)
     return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, f["beta_bytes_per_s"], calls,
                                   trees=calibration.get("backend") == "nccl")
+
+
+def _fit(kind: str, size: int, link: str, profile: StepProfile, calibration: dict, options: dict) -> dict:
+    """The α-β fit that prices ``kind`` over a group of ``size`` across ``link``: the fits timed
+    with the node's ranks at once for a message on shared cores (``_message_fits``), else at the
+    group's size (``_group_fits``), else the link class's; a kind the calibration does not time
+    borrows a measured kind's (``alpha_beta.BORROWED``)."""
+    fits = _message_fits(kind, link, profile, calibration, options) or _group_fits(calibration, size, link) \
+        or hardware.link_fits(calibration, link)
+    return fits[kind if kind in fits else alpha_beta.BORROWED.get(kind)]
 
 
 def _group_fits(calibration: dict, size: int, link: str) -> dict | None:
@@ -385,12 +392,11 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         bubble = pipeline_bubble(stages, options.get("chunks") or 1, stage_share)
         compute_step_s = pipelined_compute_s(compute_s, bubble, share, stages, stage_share)
         simulated = _simulated_schedule(options, profile, calibration, compute_s, stage_share, timed_stages, share)
+        point_to_point = sum(per_kind.get(k, 0.0) for k in ("send", "recv"))
         if simulated is not None:
             # Its schedule played out op by op, its messages in it: what they cost is in the step.
-            compute_step_s = simulated["step_s"]
-            ready_s = sum(per_kind.get(k, 0.0) for k in ("send", "recv"))
+            compute_step_s, ready_s = simulated["step_s"], point_to_point
         elif share >= 1:
-            point_to_point = sum(per_kind.get(k, 0.0) for k in ("send", "recv"))
             ready_s = min(point_to_point, compute_s * (1 - neighbour_ratio(timed_stages, stages, stage_share)))
     exposed_s = comm_s - hidden_s - ready_s
     step_s = compute_step_s + copy_s + exposed_s
@@ -419,10 +425,9 @@ def _simulated_schedule(options: dict, profile: StepProfile, calibration: dict, 
     if timed_stages:
         steps = [t * compute_s / max(timed_stages) for t in timed_stages]
     else:
-        s = stage_share if stage_share and 1 / stages <= stage_share <= 1 else 1 / stages
+        s = busiest_or_balanced(stages, stage_share)
         steps = [compute_s] + [compute_s * (1 - s) / ((stages - 1) * s)] * (stages - 1)
     size, link = group_of("send", options, profile)
-    fits = _group_fits(calibration, size, link) or hardware.link_fits(calibration, link)
-    fit = fits["send" if "send" in fits else alpha_beta.BORROWED.get("send")]
+    fit = _fit("send", size, link, profile, calibration, options)
     return pipeline_schedule.predicted_step(schedule, steps, chunks, BACKWARD_SHARE, fit,
                                             profile.comm_bytes.get("send", 0) / sends)
