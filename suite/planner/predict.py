@@ -52,6 +52,7 @@ def _prediction(recipe, calibration):
                rate=t["rate"])
     if (busy := hardware.busy_load(calibration)) is not None:
         out["calibration_busy_load"] = busy
-        out["notes"].append(f"the calibration began on a busy machine (load average {busy:.2f}): its times, and "
-                            "this prediction, may be slow; calibrate again when it is quiet")
+        out["calibration_busy_note"] = (f"the calibration began on a busy machine (load average {busy:.2f}): its "
+                                        "times, and this prediction, may be slow; calibrate again when it is quiet")
+        out["notes"].append(out["calibration_busy_note"])
     return out

@@ -148,6 +148,11 @@ def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(
     assert "calibration_busy_load" not in got and not any("busy" in n for n in got["notes"])
     busy = prediction(recipe, {**cal, "load_average_at_start": 1.36})
     assert busy["calibration_busy_load"] == 1.36 and "began on a busy machine (load average 1.36)" in busy["notes"][-1]
+    assert busy["calibration_busy_note"] in busy["notes"]
+    # submit --dry-run prints it under the prediction, whatever other notes come after it.
+    from suite.submit import cli
+    monkeypatch.setattr("suite.planner.predict.prediction", lambda r: {**busy, "notes": [*busy["notes"], "a later note"]})
+    assert cli._predicted_text(recipe).endswith(f"note: {busy['calibration_busy_note']}")
 
 
 def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_path, monkeypatch):
