@@ -70,8 +70,12 @@ def train_and_export(tmp_path: Path, strategy: dict, world_size: int, **sections
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded["suite_modules"] == []  # no strategy, train or rank code: the plain model only
-    tolerance = 1e-10 if recipe.training.precision == "fp64" else 1e-6
-    assert loaded["val_loss"] == pytest.approx(summary["final"]["val_loss"], abs=tolerance)
+    # Relative: the run sums its ranks' shares of the validation loss, this process the whole set at
+    # once, so the two may round apart by an ulp or two, and a loss is not always near 1 (8 steps of
+    # ResNet-18 left its batch norm's running stats far off: a validation loss of 1e8, where a
+    # difference of 2 ulp is 3e-8 absolute; seen on an Intel Xeon, bit-equal on an AMD EPYC).
+    tolerance = 1e-12 if recipe.training.precision == "fp64" else 1e-6
+    assert loaded["val_loss"] == pytest.approx(summary["final"]["val_loss"], rel=tolerance, abs=0)
     return config, out
 
 
