@@ -20,11 +20,14 @@ replicas' are summed.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
 import os
+import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -322,6 +325,25 @@ class _no_scope:
         return False
 
 
+def in_own_temp_folder(train):
+    """Run ``train`` with the temp folder set to one of this rank's own, removed when it returns.
+    TensorFlow's autograph writes each function it converts to a file in the temp folder and leaves
+    its removal to ``atexit``, which a rank that ends with ``os._exit`` (the local executor's warm
+    ranks, ``suite.tasks.pool``) never runs: one CI run left 43 such files in /tmp. The modules
+    are loaded by then; nothing reads the files again."""
+    @functools.wraps(train)
+    def wrapped(*args, **kwargs):
+        folder = tempfile.mkdtemp(prefix="scalesuite-tf-")
+        before, tempfile.tempdir = tempfile.tempdir, folder
+        try:
+            return train(*args, **kwargs)
+        finally:
+            tempfile.tempdir = before
+            shutil.rmtree(folder, ignore_errors=True)
+    return wrapped
+
+
+@in_own_temp_folder
 def train_fit(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices: int = 1) -> TFRun:
     """Keras ``fit`` (under ``make_strategy(tf)``'s scope, or none): what a Keras user writes.
     Keras reports each metric as its running mean over the epoch, so a step's own loss is taken
@@ -366,6 +388,7 @@ def _recorder(keras, run: TFRun, ctx, recipe, model, val):
     return Recorder()
 
 
+@in_own_temp_folder
 def train_loop(recipe, ctx, train_set, val_set, log, make_strategy, cpu_devices: int = 1) -> TFRun:
     """A hand-written ``tf.function`` step under a distribution strategy: each replica computes
     its loss scaled by the global batch (``compute_average_loss``), the Keras optimizer sums the
