@@ -129,7 +129,6 @@ def simulate(schedule: str, forward_s: list[float], backward_s: list[float], chu
     return out
 
 
-
 def _play(schedule, forward_s, backward_s, chunks, latency_s, notice_s, busy_latency_s, computing) -> dict:
     """One play of ``simulate``'s step; ``computing``: each stage's compute spans from the last
     play, by which a message's data is priced at ``busy_latency_s`` (None: ``latency_s`` always)."""

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import yaml
 
+from suite.common.scratch import temp_folder
 from suite.record import run_record
 
 _LEGACY = {"dryrun": "offline", "run": "online"}
@@ -55,29 +55,26 @@ def export_rank(run_dir, rank: int, mode: str | None = None) -> str | None:
     records = _records(run_dir, rank)
     scratch = run_dir / "wandb" / "tmp"  # W&B's temporary files stay in the run folder, not /tmp
     scratch.mkdir(parents=True, exist_ok=True)
-    previous_tmp = tempfile.tempdir
-    tempfile.tempdir = str(scratch)
     try:
-        run, notice = _start(recipe, tracking, rank, run_dir, mode)
-        step = 0
-        for rec in records:
-            kind = rec.get("kind", "record")
-            fields = {k: v for k, v in rec.items() if k not in ("kind", "rank")}
-            if kind == "summary":
-                run.summary.update(_scalars(fields))
-                continue
-            if kind == "step":
-                step = int(fields["step"])
-            # Records without a step of their own join the row of the last training step.
-            run.log({f"{kind}/{k}": v for k, v in _scalars(fields).items()}, step=step)
-        run.finish()
-        return notice
+        with temp_folder(scratch):
+            run, notice = _start(recipe, tracking, rank, run_dir, mode)
+            step = 0
+            for rec in records:
+                kind = rec.get("kind", "record")
+                fields = {k: v for k, v in rec.items() if k not in ("kind", "rank")}
+                if kind == "summary":
+                    run.summary.update(_scalars(fields))
+                    continue
+                if kind == "step":
+                    step = int(fields["step"])
+                # Records without a step of their own join the row of the last training step.
+                run.log({f"{kind}/{k}": v for k, v in _scalars(fields).items()}, step=step)
+            run.finish()
+            return notice
     except Exception as e:  # noqa: BLE001 - W&B must never fail a run: the run record has it all
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return (f"W&B export of rank {rank} failed ({type(e).__name__}: {first}); the run record has every "
                 f"metric; retry with python -m suite.export {run_dir}")
-    finally:
-        tempfile.tempdir = previous_tmp
 
 
 def _records(run_dir: Path, rank: int) -> list[dict]:

@@ -36,6 +36,7 @@ from pydantic import PositiveInt
 
 from suite.common.errors import SuiteError
 from suite.common.ports import free_port
+from suite.common.scratch import temp_folder
 from suite.record import run_record
 from suite.strategies import costs
 from suite.strategies.base import StrategyOptions, refuse_world_size
@@ -334,11 +335,10 @@ def in_own_temp_folder(train):
     @functools.wraps(train)
     def wrapped(*args, **kwargs):
         folder = tempfile.mkdtemp(prefix="scalesuite-tf-")
-        before, tempfile.tempdir = tempfile.tempdir, folder
         try:
-            return train(*args, **kwargs)
+            with temp_folder(folder):
+                return train(*args, **kwargs)
         finally:
-            tempfile.tempdir = before
             shutil.rmtree(folder, ignore_errors=True)
     return wrapped
 
