@@ -19,7 +19,8 @@ of the algorithm assumed for each kind (``FACTORS``):
     gather, scatter the root exchanges with each peer      a = N-1          b = (N-1)/N
 
 The calibration measures at one world size (2 on one machine) and fits alpha and beta of each
-kind from it; the planner then evaluates the formula at any N. That the backend uses these
+kind from it (``fit``); a call's bandwidth is that which the calibration's messages nearest its
+size reached (``beta_at``), the line's beta where no message was timed (a preset); the planner then evaluates the formula at any N. That the backend uses these
 algorithms at larger N, and that links between nodes are as fast as the ones measured, is an
 assumption: calibrate on the nodes and world size you will use to remove it. Kinds the
 calibration does not time borrow the fit of a measured kind (``BORROWED``).
@@ -110,6 +111,42 @@ def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None, 
     if burst is not None and a:
         out["burst_alpha"] = burst / a
     return out
+
+
+def beta_at(f: dict, kind: str, message_bytes: float) -> float:
+    """The bandwidth of one link for a call of ``kind`` moving ``message_bytes``: each timed
+    message's own (its time less the fit's latency, ``_point_betas``), interpolated on log(size)
+    between the two nearest, held at the ends; the fit's beta where no message was timed so that
+    bandwidth decided its time. One straight line cannot hold every size where the bandwidth
+    changes with it: on the Intel VM's loopback gloo's all_gather moved 1 to 16 MiB at 640-730
+    MB/s and 64 MiB at 342 MB/s, and the line (held to the largest message's bandwidth) priced
+    a 4.5 MB gather at twice its measured time; over a tbf-shaped link the first 500 KB of a
+    message pass at once (``fit``)."""
+    betas = _point_betas(f, kind)
+    if not betas or message_bytes <= 0:
+        return f["beta_bytes_per_s"]
+    if message_bytes <= betas[0][0]:
+        return betas[0][1]
+    if message_bytes >= betas[-1][0]:
+        return betas[-1][1]
+    (n0, b0), (n1, b1) = next((p, q) for p, q in zip(betas, betas[1:]) if p[0] <= message_bytes <= q[0])
+    w = math.log(message_bytes / n0) / math.log(n1 / n0)
+    return b0 + w * (b1 - b0)
+
+
+def _point_betas(f: dict, kind: str) -> list[tuple[float, float]]:
+    """(bytes, bandwidth) of each timed message (the lower envelope, as fitted) that spent at
+    least half its time moving bytes: its time less the fit's latency ``a · alpha``, at the
+    calibration's world; the smaller ones are all latency and say nothing of bandwidth."""
+    world = f.get("world_size")
+    kind = kind if kind in MEASURED else BORROWED.get(kind, kind)  # a borrowed fit's messages are its lender's
+    if not f.get("points") or not world or world < 2 or kind not in FACTORS:
+        return []
+    a, b = FACTORS[kind](world)
+    if not b:
+        return []
+    c0 = a * f["alpha_s"]
+    return [(n, b * n / (t - c0)) for n, t in _envelope(f["points"]) if n > 0 and t >= 2 * c0]
 
 
 def burst_alpha(f: dict) -> float:

@@ -204,7 +204,7 @@ def predicted_step(schedule: str, stage_steps: list[float], chunks: int, backwar
     balanced stages (`late.yaml`) was -24 % with every message at the shortest slice's price,
     -16 % with a busy sender's at the step's."""
     notice_s = fit["alpha_s"]
-    data = message_bytes / fit["beta_bytes_per_s"]
+    data = message_bytes / alpha_beta.beta_at(fit, "send", message_bytes)
     latency_s = alpha_beta.step_alpha(fit, 0.0) + data
     busy_s = alpha_beta.step_alpha(fit, max(stage_steps) / (2 * chunks)) + data
     return simulate(schedule, [t / chunks * (1 - backward_share) for t in stage_steps],

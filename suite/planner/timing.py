@@ -215,7 +215,7 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     f = _fit(kind, size, link, profile, calibration, options)
     alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
     alpha_s *= _group_slowdown(kind, size, link, profile, calibration, options)
-    return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, f["beta_bytes_per_s"], calls,
+    return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, alpha_beta.beta_at(f, kind, n_bytes / calls), calls,
                                   trees=calibration.get("backend") == "nccl")
 
 

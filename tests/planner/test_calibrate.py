@@ -53,6 +53,26 @@ def test_the_bandwidth_is_the_large_messages_even_where_small_ones_pass_faster()
     assert 1e-4 < f["alpha_s"] < 3e-4, f
 
 
+def test_a_calls_bandwidth_is_that_of_the_timed_messages_nearest_its_size():
+    """As gloo's all_gather on the Intel VM's loopback: 1-16 MiB at one bandwidth, 64 MiB at half
+    of it. The line is held to the largest message's bandwidth; a 4.5 MB call gets the bandwidth
+    its neighbours reached, a 64 MiB one the slow one, and sizes between are interpolated."""
+    alpha_s, beta = 2e-4, 7e8
+    points = [(n, alpha_beta.call_time_s("all_gather", 2, n, alpha_s, beta)) for n in calibrate.sizes(4096, 16 * 2**20)]
+    big = 64 * 2**20
+    points.append((big, alpha_beta.call_time_s("all_gather", 2, big, alpha_s, beta / 2)))
+    f = alpha_beta.fit("all_gather", 2, points)
+    assert f["beta_bytes_per_s"] < 0.6 * beta  # the line: held to the largest message's
+    assert alpha_beta.beta_at(f, "all_gather", 4.5e6) == pytest.approx(beta, rel=0.02)
+    assert alpha_beta.beta_at(f, "all_gather", big) == pytest.approx(beta / 2, rel=0.02)
+    assert alpha_beta.beta_at(f, "all_gather", 4 * big) == alpha_beta.beta_at(f, "all_gather", big)  # held at the ends
+    assert beta / 2 < alpha_beta.beta_at(f, "all_gather", 32 * 2**20) < beta
+    assert alpha_beta.beta_at(f, "all_gather", 100) == alpha_beta.beta_at(f, "all_gather", 2**20)  # latency-bound sizes
+    # a fit with no messages (a preset's) has its line's bandwidth only; a borrowed kind its lender's messages
+    assert alpha_beta.beta_at({**f, "points": []}, "all_gather", 4.5e6) == f["beta_bytes_per_s"]
+    assert alpha_beta.beta_at(f, "gather", 4.5e6) == alpha_beta.beta_at(f, "all_gather", 4.5e6)
+
+
 def test_formulas_scale_with_world_size_as_stated():
     n = 8 * 2**20
     assert alpha_beta.call_time_s("all_reduce", 4, n, ALPHA_S, BETA) == pytest.approx(6 * ALPHA_S + 1.5 * n / BETA)
