@@ -5,7 +5,7 @@ the planner can turn a step's profile into seconds; saved where the planner find
 from __future__ import annotations
 
 
-from suite.calibrate.measure import MAX_BYTES, MIN_BYTES, busy_warning, calibrate, table
+from suite.calibrate.measure import MAX_BYTES, MIN_BYTES, busy_warning, calibrate, speed_warning, table
 from suite.planner.calibration import save
 import argparse
 import sys
@@ -44,9 +44,9 @@ def main(argv=None) -> int:
         paths = save(c, args.out)
         print(table(c))
         print(f"took {c['took_s']:.1f} s; saved {', '.join(map(str, paths))}")
-        warning = busy_warning(c)
-        if warning:
-            print(warning, file=sys.stderr)
+        for warning in (busy_warning(c), speed_warning(c)):
+            if warning:
+                print(warning, file=sys.stderr)
         return 0
 
     return one_line(_run, args)

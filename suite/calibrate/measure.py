@@ -30,7 +30,7 @@ from pathlib import Path
 
 from suite.planner import alpha_beta, hardware, timing
 from suite.planner.calibration import cache_dir, key
-from suite.planner.compute import compute_rates, model_rates
+from suite.planner.compute import compute_rates, model_rates, speed_sample
 import warnings
 import multiprocessing
 from suite.common import network
@@ -249,9 +249,12 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
     ctx = suite_dist.init(device)
     try:
         progress = (lambda line: print(line, flush=True)) if ctx.rank == 0 else None
+        speed = [(time.time(), speed_sample())] if ctx.rank == 0 else []  # the others wait in the first call
         points = time_collectives(kinds, message_sizes, ctx.world_size, ctx.rank, progress)
         in_step = time_in_step(kinds, ctx.world_size, ctx.rank)
         burst = time_burst(ctx.world_size, ctx.rank)
+        if ctx.rank == 0:
+            speed.append((time.time(), speed_sample()))
         if progress:
             progress("  in a step      " + "  ".join(f"{k} " + "/".join(f"{t * 1e3:.2f}" for _, t in v) + " ms"
                                                      for k, v in in_step.items())
@@ -261,7 +264,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
         dist.all_gather_object(hosts, network.node_name())  # Slurm's node names where it runs there
         import torch  # start-up: torch loads on the ranks only
 
-        return {"points": points, "in_step": in_step, "burst": burst, "hosts": sorted(set(hosts)), "backend": ctx.backend,
+        return {"points": points, "in_step": in_step, "burst": burst, "speed": speed, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
     finally:
         suite_dist.close()
@@ -336,7 +339,7 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
     load_at_start = os.getloadavg()[0] if recipe is None or recipe.launch.executor != "slurm" else None
     worlds = [world] if isinstance(world, int) else list(world)
     message_sizes = sizes(min_bytes, max_bytes)
-    by_world, measured = {}, None
+    by_world, measured, speed = {}, None, []
     for w in worlds:
         print(f"timing {', '.join(alpha_beta.MEASURED)} at {w} ranks, {len(message_sizes)} sizes "
               f"{min_bytes / 2**10:.0f} KiB .. {max_bytes / 2**20:.1f} MiB", flush=True)
@@ -345,6 +348,7 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
         else:
             got = run_local(w, message_sizes)
         measured = measured or got
+        speed += got.get("speed") or []
         in_step = pooled(got.get("in_step") or {})
         # A burst's cost, like a call's in a step, is the wait for a core: the collectives share it.
         by_world[str(w)] = {kind: alpha_beta.fit(kind, w, [tuple(p) for p in points], in_step=in_step.get(kind),
@@ -365,6 +369,9 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
             models = {timing.model_key(recipe): {**first, "by_ranks_per_node": rates}}
     compute = compute_rates()
     compute["models"] = models
+    if load_at_start is not None:  # this host ran the ranks: its own speed now is one more sample
+        speed.append((time.time(), speed_sample()))
+    compute["speed_samples"] = [[round(at - speed[0][0], 1), rate] for at, rate in speed] if speed else []  # [s, FLOP/s]
     return {"key": key(measured["hosts"], measured["backend"], measured["threads"]), "hosts": measured["hosts"],
             "backend": measured["backend"], "threads": measured["threads"], "world_size": worlds[0],
             "measured_at": time.time(), "load_average_1m": os.getloadavg()[0], "load_average_at_start": load_at_start,
@@ -385,6 +392,18 @@ def busy_warning(calibration: dict) -> str | None:
     return (f"calibrate: the machine was busy when this began (load average {load:.2f} over the last minute, "
             f"{cores} cores): other work slows what it times, and every step time predicted from it (one taken so "
             "priced calls inside a step at 2 ranks 29-38 % dearer). Calibrate again when the machine is quiet.")
+
+
+def speed_warning(calibration: dict) -> str | None:
+    """One line where the machine's speed changed while it was calibrated (``hardware.speed_spread``)."""
+    spread = hardware.speed_spread(calibration)
+    if spread is None:
+        return None
+    rates = [r for _, r in calibration["compute"]["speed_samples"]]
+    return (f"calibrate: this machine's speed changed while it was measured: one thread's matmul ran "
+            f"{min(rates) / 1e9:.0f} to {max(rates) / 1e9:.0f} GFLOP/s ({spread:.0%} apart) within "
+            f"{calibration['compute']['speed_samples'][-1][0]:.0f} s. Steps measured here differ from run to run by as "
+            f"much, and from their predictions; a shared or throttled machine does this. Calibrate again to see if it holds.")
 
 
 def table(calibration: dict) -> str:

@@ -37,6 +37,31 @@ def compute_rates(precision: str = "fp32") -> dict:
             "peak_flops_per_s_by_precision": by_precision, "copy_bytes_per_s": copy}
 
 
+SPEED_SIDE = 384  # a product of 384 x 384 matrices: ~0.1 GFLOP, about a millisecond on one core
+
+
+def speed_sample(window_s: float = 0.3) -> float:
+    """FLOP/s of one thread repeating one float32 matmul for ``window_s``: a fixed piece of work
+    timed at moments through the calibration (its ranks' start and end, its own end), to see
+    whether the machine kept its speed while measured (``suite.planner.hardware.speed_spread``).
+    On a shared VM it may not: one thread's matmul here ran 60 and 121 GFLOP/s a second apart."""
+    import torch  # start-up: loads torch, numpy only when this runs
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        a = torch.randn(SPEED_SIDE, SPEED_SIDE, generator=generator)
+        a @ a  # warm
+        count, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < window_s:
+            a @ a
+            count += 1
+        return 2 * SPEED_SIDE ** 3 * count / elapsed
+    finally:
+        torch.set_num_threads(before)
+
+
 COPY_BYTES = 16 * 2**20
 
 

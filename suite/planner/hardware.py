@@ -113,6 +113,24 @@ def busy_load(calibration: dict) -> float | None:
     return load if load is not None and load >= BUSY_LOAD_PER_CORE * cores else None
 
 
+# A calibration whose fixed matmul (``compute.speed_sample``, at its ranks' start and end and at its
+# own end) ran this much faster at best than at worst is flagged (``speed_spread``): the machine
+# did not keep its speed. On the 2-core Intel VM of 2026-11-27 one thread's matmul ran 60 and 121
+# GFLOP/s a second apart, the same run (an MLP, DDP at 2 ranks) took 20 and 78 ms a step in two
+# rounds, and two measurements of the same 32 configurations differed by a median 22 %.
+SPEED_SPREAD = 0.25
+
+
+def speed_spread(calibration: dict) -> float | None:
+    """max / min - 1 of the calibration's speed samples, where it is ``SPEED_SPREAD`` or more;
+    else None (a steady machine, a preset, a calibration from before the samples)."""
+    rates = [r for _, r in (calibration.get("compute") or {}).get("speed_samples") or [] if r > 0]
+    if len(rates) < 2:
+        return None
+    spread = max(rates) / min(rates) - 1
+    return spread if spread >= SPEED_SPREAD else None
+
+
 def describe(calibration: dict) -> str:
     """One line saying what the figures rest on."""
     if calibration.get("from_specs"):
@@ -123,4 +141,6 @@ def describe(calibration: dict) -> str:
     busy = busy_load(calibration)
     return (f"calibration {calibration.get('key', '?')} measured on {', '.join(calibration.get('hosts', []) or ['?'])}, "
             f"links {where}" + (f"; begun on a busy machine (load average {busy:.2f}): its times, and these "
-                                "predictions, may be slow; calibrate again when it is quiet" if busy else ""))
+                                "predictions, may be slow; calibrate again when it is quiet" if busy else "")
+            + (f"; the machine's speed changed by {spread:.0%} while it was measured: steps here vary as much"
+               if (spread := speed_spread(calibration)) else ""))

@@ -55,4 +55,10 @@ def _prediction(recipe, calibration):
         out["calibration_busy_note"] = (f"the calibration began on a busy machine (load average {busy:.2f}): its "
                                         "times, and this prediction, may be slow; calibrate again when it is quiet")
         out["notes"].append(out["calibration_busy_note"])
+    if (spread := hardware.speed_spread(calibration)) is not None:
+        out["calibration_speed_spread"] = spread
+        out["calibration_speed_note"] = (f"this machine's speed changed by {spread:.0%} while it was calibrated: a "
+                                         f"step measured here can differ from another run of it, and from this "
+                                         f"prediction, by as much")
+        out["notes"].append(out["calibration_speed_note"])
     return out

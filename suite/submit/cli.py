@@ -108,7 +108,7 @@ def _predicted_text(recipe) -> str:
             f"strategy's buffers, activations or the optimizer's temporaries)\n") if p.get("peak_bytes") else ""
     if p.get("step_time_s") is None:
         return f"{peak}  predicted step time: not predicted ({'; '.join(p['notes'])})"
-    busy = f"\n  note: {p['calibration_busy_note']}" if p.get("calibration_busy_note") else ""
+    busy = "".join(f"\n  note: {p[k]}" for k in ("calibration_busy_note", "calibration_speed_note") if p.get(k))
     return (f"{peak}  predicted step time {p['step_time_s'] * 1e3:.1f} ms ({p['samples_per_s']:.0f} samples/s; "
             f"compute {p['compute_s'] * 1e3:.1f} ms, communication {p['comm_s'] * 1e3:.1f} ms of which "
             f"{p['exposed_comm_s'] * 1e3:.1f} ms exposed; {p['source']} profile){busy}")

@@ -148,6 +148,10 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     assert bursts["all_reduce"] > 0 and bursts["all_gather"] == bursts["reduce_scatter"] == bursts["all_reduce"] * 2
     assert bursts["send"] is None and bursts["broadcast"] is None
     assert "in a step" in proc.stdout and "in a burst" in proc.stdout
+    # the machine's speed sampled at the ranks' start and end and at the calibration's own end
+    samples = c["compute"]["speed_samples"]
+    assert len(samples) == 3 and all(r > 1e8 for _, r in samples), samples
+    assert [at for at, _ in samples] == sorted(at for at, _ in samples) and samples[0][0] == 0
     table = proc.stdout
     assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
 

@@ -123,6 +123,26 @@ def test_a_calibration_begun_on_a_busy_machine_is_named_so_wherever_the_planner_
     assert hardware.busy_load({**cal, "compute": {"cores": 8}}) is None
 
 
+def test_a_calibration_during_which_the_machine_changed_speed_is_named_so():
+    """A shared VM's speed can swing while it is calibrated (one thread's matmul 60 and 121
+    GFLOP/s a second apart): the calibrate command and ``hardware.describe`` say how far, since a
+    step measured there varies as much (each prediction too: the test after this); a steady
+    machine says nothing."""
+    from suite.calibrate import measure
+
+    fits = {"all_reduce": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}}
+    swung = {"key": "k", "hosts": ["a"], "collectives": fits, "links": {"intra": fits},
+             "compute": {"cores": 2, "speed_samples": [[0, 121e9], [40.2, 60e9], [61.0, 110e9]]}}
+    assert hardware.speed_spread(swung) == pytest.approx(121 / 60 - 1)
+    assert "speed changed by 102% while it was measured" in hardware.describe(swung)
+    assert measure.speed_warning(swung).startswith("calibrate: this machine's speed changed while it was measured: "
+                                                   "one thread's matmul ran 60 to 121 GFLOP/s (102% apart) within 61 s")
+    steady = {**swung, "compute": {"cores": 2, "speed_samples": [[0, 100e9], [40, 115e9], [60, 108e9]]}}
+    assert hardware.speed_spread(steady) is None and measure.speed_warning(steady) is None
+    assert "speed" not in hardware.describe(steady)
+    assert hardware.speed_spread({**swung, "compute": {"cores": 2}}) is None  # a calibration from before the samples
+
+
 def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     recipe = _recipe({"name": "fsdp"}, 1, 2)
@@ -153,6 +173,13 @@ def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(
     from suite.submit import cli
     monkeypatch.setattr("suite.planner.predict.prediction", lambda r: {**busy, "notes": [*busy["notes"], "a later note"]})
     assert cli._predicted_text(recipe).endswith(f"note: {busy['calibration_busy_note']}")
+    # So does one made from a calibration during which the machine changed speed.
+    assert "calibration_speed_note" not in got
+    swung = prediction(recipe, {**cal, "compute": {**cal["compute"], "speed_samples": [[0, 121e9], [40.2, 60e9]]}})
+    assert swung["calibration_speed_spread"] == pytest.approx(121 / 60 - 1)
+    assert swung["calibration_speed_note"] in swung["notes"] and "changed by 102%" in swung["calibration_speed_note"]
+    monkeypatch.setattr("suite.planner.predict.prediction", lambda r: swung)
+    assert cli._predicted_text(recipe).endswith(f"note: {swung['calibration_speed_note']}")
 
 
 def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_path, monkeypatch):
