@@ -108,6 +108,38 @@ def test_calls_back_to_back_cost_the_larger_of_alpha_and_a_call_in_a_burst():
 
 # ---- the measurement -------------------------------------------------------------------------
 
+def _pass(scale: float, speed: list[float]) -> dict:
+    """One pass of the ranks' measurements as ``rank_main`` returns it, every time x ``scale``."""
+    sizes = calibrate.sizes(4096, 4 * 2**20)
+    return {"points": {kind: [(n, scale * alpha_beta.call_time_s(kind, 2, n, 1e-4, 1e9)) for n in sizes]
+                       for kind in alpha_beta.MEASURED},
+            "in_step": {kind: [[1e-3, scale * 5e-4], [5e-3, scale * 1e-3]] for kind in alpha_beta.MEASURED},
+            "burst": scale * 8e-4, "speed": [(0.0, r) for r in speed], "hosts": ["vm"], "backend": "gloo",
+            "threads": 1, "world_size": 2}
+
+
+@pytest.mark.parametrize("swings", [False, True])
+def test_where_the_machine_swings_while_timing_the_collectives_are_timed_again_and_the_median_kept(monkeypatch, swings):
+    """A pass whose speed samples (one thread's matmul at the ranks' start and end) differ by 25 %
+    or more is followed by another, up to 3; each size's, slice's and burst's time is the median
+    over the passes, so that one slow spell (here a pass at twice the time) does not set them. A
+    steady machine pays one pass."""
+    passes = iter([_pass(2.0, [60e9, 121e9]), _pass(1.0, [110e9, 118e9]), _pass(1.05, [112e9, 115e9])] if swings
+                  else [_pass(1.0, [110e9, 118e9])])
+    monkeypatch.setattr(calibrate, "run_local", lambda w, sizes: next(passes))
+    monkeypatch.setattr(calibrate, "compute_rates", lambda: {"cores": 2, "peak_flops_per_s_by_threads": {"1": 1e11}})
+    monkeypatch.setattr(calibrate, "speed_sample", lambda: 115e9)
+    c = calibrate.calibrate(2, 4 * 2**20)
+    assert c["collective_passes"] == {"2": 3 if swings else 1}
+    assert next(passes, None) is None  # every pass offered was used: 3 where it swung, 1 where steady
+    f = c["collectives"]["all_reduce"]
+    assert f["alpha_s"] == pytest.approx(1.05e-4 if swings else 1e-4, rel=1e-6)  # the median pass's, not the slow one's
+    assert f["beta_bytes_per_s"] == pytest.approx(1e9 / 1.05 if swings else 1e9, rel=1e-6)
+    assert f["burst_alpha"] == pytest.approx((8.4e-4 if swings else 8e-4) / 2)
+    assert f["step_alpha"][0][1] == pytest.approx((5.25e-4 if swings else 5e-4) / 2)
+    assert len(c["compute"]["speed_samples"]) == (7 if swings else 3)
+
+
 def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(tmp_path, monkeypatch):
     """The command end to end, small messages (4 KiB .. 256 KiB): every kind's fit is positive and
     reproduces its measured times within a factor 2 (median relative error <= 100 %). A size's time
