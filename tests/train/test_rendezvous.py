@@ -1,5 +1,6 @@
 """The rendezvous port (suite.train.rendezvous): outside the ephemeral range, the same on every
 node for a job id, the next candidate when one is taken, and no wait without an end."""
+import os
 import socket
 import threading
 import time
@@ -85,3 +86,29 @@ def test_every_candidate_taken_is_one_line_naming_the_ports(tmp_path):
         for s in squatters:
             s.close()
     assert not path.exists()
+
+
+def test_a_one_task_slurm_job_listens_on_a_port_outside_the_ephemeral_range(monkeypatch):
+    """A Slurm job of one task (world size 1) still forms a group of one, whose store listens on
+    MASTER_PORT. submitit's pick, seeded by the job id in 20000-60000, lies in the ephemeral range
+    for most ids (job 179: 44591, which an outgoing connection held: EADDRINUSE in CI); the suite
+    picks a free port outside it, as for every other rendezvous."""
+    import submitit
+
+    from suite.tasks.train import join_rendezvous
+
+    for var in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    for var, value in {"SLURM_JOB_ID": "179", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                       "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1"}.items():
+        monkeypatch.setenv(var, value)
+    env = submitit.JobEnvironment()
+    assert env.num_tasks == 1
+    submitits = submitit.helpers.TorchDistributedEnvironment().master_port
+    low, high = portlib.ephemeral_range()
+    assert low <= submitits <= high  # the pick this replaces, for this job id
+    join_rendezvous(env, None, None)
+    port = int(os.environ["MASTER_PORT"])
+    assert not (low <= port <= high) and port != submitits
+    assert os.environ["WORLD_SIZE"] == "1"
