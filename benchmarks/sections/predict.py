@@ -263,8 +263,8 @@ def run(bench: Bench) -> Section:
         s.lines += ["A pair marked ~ swapped within its runs' spread: its measured order is not settled by "
                     f"{rounds} runs. The target counts every swapped pair.", ""]
     if settled:
-        s.lines += [f"Run again after the {rounds} rounds, where their slowest run was {SPREAD:.0%} or more above the "
-                    f"fastest (up to {SETTLE_ROUNDS} more runs; their median is of all their runs): "
+        s.lines += [f"Run again after the {rounds} rounds, where their median rested on runs {SPREAD:.0%} or more "
+                    f"apart (`unsettled`; up to {SETTLE_ROUNDS} more runs; their median is of all their runs): "
                     + ", ".join(sorted(set(settled))), ""]
     if errors:
         med, p90 = percentile(errors, 0.5), percentile(errors, 0.9)

@@ -371,7 +371,7 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
             else:
                 passes.append(run_local(w, message_sizes))
             speed += passes[-1].get("speed") or []
-            spread = hardware.speed_spread({"compute": {"speed_samples": speed}})
+            spread = hardware.samples_spread(speed)
             if spread is None or len(passes) >= MAX_PASSES:
                 break
             print(f"the machine's speed changed by {spread:.0%} while timing (one thread's matmul); timing the "

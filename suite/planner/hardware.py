@@ -122,9 +122,15 @@ SPEED_SPREAD = 0.25
 
 
 def speed_spread(calibration: dict) -> float | None:
-    """max / min - 1 of the calibration's speed samples, where it is ``SPEED_SPREAD`` or more;
-    else None (a steady machine, a preset, a calibration from before the samples)."""
-    rates = [r for _, r in (calibration.get("compute") or {}).get("speed_samples") or [] if r > 0]
+    """``samples_spread`` of the calibration's speed samples; None for a preset or a calibration
+    from before the samples."""
+    return samples_spread((calibration.get("compute") or {}).get("speed_samples") or [])
+
+
+def samples_spread(samples) -> float | None:
+    """max / min - 1 of speed samples ((when, FLOP/s) pairs), where it is ``SPEED_SPREAD`` or
+    more; else None (a steady machine, fewer than two samples)."""
+    rates = [r for _, r in samples if r > 0]
     if len(rates) < 2:
         return None
     spread = max(rates) / min(rates) - 1
