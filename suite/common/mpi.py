@@ -3,6 +3,7 @@ torch.distributed (``strategy.transport: mpi``; a bare ``mpirun python -m suite.
 rendezvous). Importing mpi4py initialises MPI, so it is imported here, on first use, only."""
 from __future__ import annotations
 
+import atexit
 import os
 
 from suite.common.errors import INSTALL_MPI4PY, SuiteError
@@ -24,7 +25,17 @@ def comm(key: str = "MPI"):
         from mpi4py import MPI  # optional: mpi4py is imported only where it is used
     except ImportError:
         raise SuiteError(f"{key} exchanges through MPI with mpi4py, which is not installed; {INSTALL_MPI4PY}") from None
+    # mpi4py finalises MPI in the interpreter's teardown, which a command ending through
+    # suite.common.exit (os._exit after the atexit handlers) skips: finalise in an atexit handler
+    # instead, or the launcher reports a rank that ended without MPI_Finalize as failed.
+    atexit.unregister(_finalize)  # once, however many times comm() is asked
+    atexit.register(_finalize, MPI)
     return MPI.COMM_WORLD
+
+
+def _finalize(MPI) -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def world(key: str, rank: int, world_size: int):

@@ -53,6 +53,19 @@ def test_allreduce_under_mpirun_matches_single(transport, baseline, tmp_path):
     assert_matches([s["global_loss"] for s in steps], baseline)
 
 
+def test_a_bare_mpirun_of_suite_train_ends_cleanly(tmp_path):
+    """``mpirun -np 2 python -m suite.train`` with MPI in use: the command ends without the
+    interpreter's teardown (suite.common.exit), so MPI must be finalised before; mpirun reports a
+    rank that ends without MPI_Finalize as failed (exit 1)."""
+    recipe = write_recipe(tmp_path, {"name": "allreduce", "transport": "mpi"})
+    proc = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m",
+                           "suite.train", recipe, "training.max_steps=3", "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((the_run(tmp_path / "runs") / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
 def submit(recipe: str, out, *args, env=None, **popen):
     return subprocess.Popen([sys.executable, "-m", "suite.submit", recipe, "--out", str(out), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
