@@ -134,6 +134,18 @@ def beta_at(f: dict, kind: str, message_bytes: float) -> float:
     return b0 + w * (b1 - b0)
 
 
+def beta_of_sizes(f: dict, kind: str, sizes: dict[str, int] | None, mean_bytes: float) -> float:
+    """The bandwidth that prices calls of ``kind`` whose message sizes are ``sizes`` ({bytes:
+    calls}): each size at its own bandwidth (``beta_at``), combined so that the bytes over it are
+    their times summed (the harmonic mean weighted by bytes); without sizes (the analytic rule, a
+    profile from before they were counted), the bandwidth at the mean size ``mean_bytes``."""
+    weighted = [(int(n) * c, beta_at(f, kind, int(n))) for n, c in (sizes or {}).items() if int(n) > 0 and c > 0]
+    total = sum(b for b, _ in weighted)
+    if not total:
+        return beta_at(f, kind, mean_bytes)
+    return total / sum(b / beta for b, beta in weighted)
+
+
 def _point_betas(f: dict, kind: str) -> list[tuple[float, float]]:
     """(bytes, bandwidth) of each timed message (the lower envelope, as fitted) that spent at
     least half its time moving bytes: its time less the fit's latency ``a · alpha``, at the

@@ -41,7 +41,7 @@ def _nbytes(tensors) -> int:
 
 
 class Collectives(TorchDispatchMode):
-    """Bytes and calls per collective kind, from the ops that reach the dispatcher: c10d ops
+    """Bytes, calls and each call's message size per collective kind, from the ops that reach the dispatcher: c10d ops
     (what ``torch.distributed`` calls and DDP's comm hook dispatch to) take the message as their
     first tensor argument(s) (inputs) or their first argument (outputs, all_gather's); functional
     collectives return their output."""
@@ -50,6 +50,7 @@ class Collectives(TorchDispatchMode):
         super().__init__()
         self.bytes: dict[str, int] = {}
         self.calls: dict[str, int] = {}
+        self.sizes: dict[str, dict[str, int]] = {}  # kind -> {message bytes (as text, for JSON): calls}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -58,8 +59,11 @@ class Collectives(TorchDispatchMode):
             known = _COLLECTIVES.get(name) or _COLLECTIVES.get(name.rstrip("_"))
             if known:
                 kind, which = known
+                n = self._message_bytes(func, which, args, out)
                 self.calls[kind] = self.calls.get(kind, 0) + 1
-                self.bytes[kind] = self.bytes.get(kind, 0) + self._message_bytes(func, which, args, out)
+                self.bytes[kind] = self.bytes.get(kind, 0) + n
+                sizes = self.sizes.setdefault(kind, {})
+                sizes[str(n)] = sizes.get(str(n), 0) + 1
         return out
 
     @staticmethod

@@ -120,6 +120,7 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
                        peak_bytes=int(start + live.peak), flops=int(flops.get_total_flops()),
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
+                       comm_sizes=comm.sizes,
                        data_comm=data_comm, copy_bytes=analytic.copy_bytes(recipe, comm.bytes, data_comm),
                        source="fake", notes="; ".join(notes))
 

@@ -14,6 +14,10 @@ Byte conventions, shared by the fake run, the calibration and the time model:
   hands to each collective call of that kind, summed over calls (for all_gather the output
   buffer, for reduce_scatter the input buffer, for send/recv the tensor sent or received). It is
   the message size, not the traffic on the wire; the calibration fits time against the same size.
+- ``comm_sizes[kind]``: ``{message bytes: calls}``, each call's size (keys as text, for JSON),
+  where the fake run counted them (empty for the analytic rule). A kind's calls are priced size by
+  size (``alpha_beta.beta_of_sizes``): ZeRO's 4-byte norm all-reduce beside its gradient
+  all-reduce halves the kind's mean size, and the bandwidth at half the size is not the gradient's.
 - ``data_comm[kind]``: ``[bytes, calls]``, the part of ``comm_bytes``/``comm_calls`` of that kind
   that runs over the data-parallel ranks whatever group the strategy declares for the kind
   (``comm_axes``), one call at a time between pieces of compute: batch norm synced over the
@@ -45,6 +49,7 @@ class StepProfile:
     comm_bytes: dict[str, int] = field(default_factory=dict)
     comm_calls: dict[str, int] = field(default_factory=dict)
     data_comm: dict[str, list[int]] = field(default_factory=dict)  # [bytes, calls] by kind (module doc)
+    comm_sizes: dict[str, dict[str, int]] = field(default_factory=dict)  # {bytes: calls} by kind (module doc)
     copy_bytes: int = 0
     source: str = "fake"            # "fake": measured on fake tensors; "analytic": a formula
     notes: str = ""                 # e.g. why a figure is analytic

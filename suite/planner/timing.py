@@ -215,8 +215,8 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     f = _fit(kind, size, link, profile, calibration, options)
     alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
     alpha_s *= _group_slowdown(kind, size, link, profile, calibration, options)
-    return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, alpha_beta.beta_at(f, kind, n_bytes / calls), calls,
-                                  trees=calibration.get("backend") == "nccl")
+    beta = alpha_beta.beta_of_sizes(f, kind, (profile.comm_sizes or {}).get(kind), n_bytes / calls)
+    return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, beta, calls, trees=calibration.get("backend") == "nccl")
 
 
 def _fit(kind: str, size: int, link: str, profile: StepProfile, calibration: dict, options: dict) -> dict:

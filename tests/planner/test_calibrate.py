@@ -73,6 +73,26 @@ def test_a_calls_bandwidth_is_that_of_the_timed_messages_nearest_its_size():
     assert alpha_beta.beta_at(f, "gather", 4.5e6) == alpha_beta.beta_at(f, "all_gather", 4.5e6)
 
 
+def test_a_kinds_calls_are_priced_size_by_size_not_at_their_mean():
+    """ZeRO's 4-byte norm all-reduce beside a 64 MiB gradient all-reduce: their mean, 32 MiB, has
+    a bandwidth between the small and large messages'; the calls' bytes are the large one's and
+    take its bandwidth. Without sizes (the analytic rule), the mean's."""
+    alpha_s, beta = 2e-4, 7e8
+    points = [(n, alpha_beta.call_time_s("all_reduce", 2, n, alpha_s, beta)) for n in calibrate.sizes(4096, 16 * 2**20)]
+    big = 64 * 2**20
+    points.append((big, alpha_beta.call_time_s("all_reduce", 2, big, alpha_s, beta / 2)))
+    f = alpha_beta.fit("all_reduce", 2, points)
+    at_mean = alpha_beta.beta_at(f, "all_reduce", (big + 4) / 2)
+    assert at_mean > 1.2 * alpha_beta.beta_at(f, "all_reduce", big)
+    assert alpha_beta.beta_of_sizes(f, "all_reduce", {"4": 1, str(big): 1}, (big + 4) / 2) == \
+        pytest.approx(alpha_beta.beta_at(f, "all_reduce", big), rel=1e-6)
+    assert alpha_beta.beta_of_sizes(f, "all_reduce", None, (big + 4) / 2) == at_mean
+    # two sizes that both carry bytes: their times add up
+    mixed = alpha_beta.beta_of_sizes(f, "all_reduce", {str(2**20): 2, str(big): 1}, 0)
+    time = 2 * 2**20 / alpha_beta.beta_at(f, "all_reduce", 2**20) + big / alpha_beta.beta_at(f, "all_reduce", big)
+    assert mixed == pytest.approx((2 * 2**20 + big) / time)
+
+
 def test_formulas_scale_with_world_size_as_stated():
     n = 8 * 2**20
     assert alpha_beta.call_time_s("all_reduce", 4, n, ALPHA_S, BETA) == pytest.approx(6 * ALPHA_S + 1.5 * n / BETA)

@@ -89,6 +89,11 @@ def test_ddp_all_reduces_its_gradients_once_and_fsdp_gathers_twice_per_step():
     allreduce = profiles[("allreduce", 2)]
     assert allreduce.comm_bytes == {"all_reduce": gradient_bytes}
     assert allreduce.comm_calls["all_reduce"] == len(list(_meta_model(raw).parameters()))
+    # each call's size counted: the parameters' own sizes, one call each
+    sizes = {}
+    for p in _meta_model(raw).parameters():
+        sizes[str(p.numel() * 4)] = sizes.get(str(p.numel() * 4), 0) + 1
+    assert allreduce.comm_sizes == {"all_reduce": sizes} and ddp.comm_sizes == {"all_reduce": {str(gradient_bytes): 1}}
     # FSDP2, every dim 0 even: parameters gathered before each block's forward and again before
     # its backward (reshard_after_forward), gradients reduce-scattered once.
     fsdp = profiles[("fsdp", 2)]
