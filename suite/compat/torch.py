@@ -92,6 +92,15 @@ def fake_tensor_mode(**kwargs):
     return mode(**kwargs)
 
 
+def unset_fake_temporarily():
+    """A context in which no fake tensor mode is active (``torch._subclasses.fake_tensor``'s
+    ``unset_fake_temporarily``): the planner's fake run builds there a model whose constructor
+    computes with real values (``suite.models.empty.as_fake``). Checked on 2.14.1."""
+    fn = import_internal("torch._subclasses.fake_tensor", "unset_fake_temporarily", lib=LIB,
+                         what="suspending the fake tensor mode")
+    return fn()
+
+
 def storage_key(tensor):
     """What tells a tensor's storage apart from every other one alive (views share it): the
     address of its C++ StorageImpl, ``untyped_storage()._cdata``; None for a tensor without a

@@ -20,7 +20,7 @@ from pydantic import ConfigDict, model_validator
 from suite.common.errors import SuiteError
 from suite.common.factories import TargetOptions, takes_spec
 from suite.models.base import ModelOptions
-import torch
+from suite.models.empty import on_meta
 
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 
@@ -68,8 +68,7 @@ def try_build(options: Custom) -> None:
 
     kwargs = options.factory_kwargs()
     try:
-        with torch.device("meta"):
-            options.factory()(**kwargs)
+        on_meta(lambda: options.factory()(**kwargs))
     except TypeError as e:
         message = " ".join(str(e).split())[:200]
         bad = _UNEXPECTED.search(message)

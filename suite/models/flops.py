@@ -13,6 +13,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from suite.models import build as build_model
+from suite.models.empty import on_meta
 
 
 def train_step_flops(recipe) -> int | None:
@@ -22,8 +23,9 @@ def train_step_flops(recipe) -> int | None:
     batch = recipe.training.batch_size
     dtype = getattr(torch, spec.input_dtype)
     try:
+        with torch.random.fork_rng(devices=[]):
+            model = on_meta(lambda: build_model(recipe.model, spec))
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            model = build_model(recipe.model, spec)
             inputs = torch.zeros(batch, *spec.input_shape, dtype=dtype)  # values do not matter
             counter = FlopCounterMode(display=False)
             with counter:

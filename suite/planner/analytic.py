@@ -45,14 +45,15 @@ def model_step(recipe) -> dict:
 
     # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
     from suite.planner.counting import LiveBytes, fake_batch
+    from suite.models import empty  # start-up: loads torch only when this runs
     # start-up: loads torch, numpy, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
 
     layout = recipe.layout()
     setup = make_setup(recipe, None)
     with torch.random.fork_rng(devices=[]):
+        model = empty.on_meta(setup.build_model)
         with torch.device("meta"):
-            model = setup.build_model()
             inputs, targets = fake_batch(recipe, layout.accumulation_batch)
         optimizer = setup.make_optimizer(model.parameters())  # its step counters stay on the CPU: Adam reads them
         outputs = []  # each top-level block's output bytes: what a pipeline stage may send on

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from suite.compat import torch as torch_compat
+from suite.models import empty
 from suite.planner import analytic
 from suite.planner.counting import Collectives, LiveBytes, fake_batch
 from suite.planner.profile import StepProfile
@@ -95,7 +96,9 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     layout = setup.layout
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
-        stack.enter_context(torch_compat.fake_tensor_mode(allow_non_fake_inputs=True))
+        mode = stack.enter_context(torch_compat.fake_tensor_mode(allow_non_fake_inputs=True))
+        build = setup.build_model  # a constructor that computes with real values: built outside the mode
+        setup.build_model = lambda: empty.as_fake(build, mode, torch_compat.unset_fake_temporarily)
         stack.enter_context(prepare.default_dtype(recipe.training.precision))  # fp64: as the rank builds
         built = stack.enter_context(LiveBytes())  # what the build and the first step leave alive
         engine = strategies.build(recipe.strategy, setup)

@@ -25,8 +25,7 @@ from suite.recipe.text import (NAME_KEYS, apply_override, check_name, check_plai
                                raw_points, read, set_path, shown)
 from suite.strategies import STRATEGIES, keys as strategy_keys
 from suite.models import source
-import torch
-from suite.models import build as build_model
+from suite.models import build as build_model, empty
 
 
 def _union(options_classes):
@@ -177,10 +176,7 @@ class Recipe(Strict):
         """What strategies' checks may know of the model: name, task, and its meta-device build."""
 
         def build_meta():
-
-
-            with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-                return build_model(self.model, self.data.spec())
+            return empty.on_meta(lambda: build_model(self.model, self.data.spec()))  # shapes only: no memory
 
         return ModelInfo(name=self.model.name, task=self.model.task, source=source(self.model),
                          build_meta=build_meta)

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -253,3 +254,57 @@ def test_factories_and_constructors_are_told_apart_by_the_first_parameter():
     assert not takes_spec(takes_keywords) and not takes_spec(torchvision.models.resnet18)
     assert not takes_spec(nn.Linear)  # a module class: (in_features, out_features, ...)
     assert all(options().calls_with_spec() for name, (options, _) in MODELS.items() if name != "custom")
+
+
+# ---- a constructor that computes with tensors (torchvision's RegNet, timm's drop-path rates) ------
+
+def sized_by_tensors(spec, width: int = 8):
+    """As RegNet sizes its blocks (``torch.arange(...).tolist()``) and timm spreads drop-path rates
+    (``torch.linspace(...).item()``): values the meta device and fake tensors do not have."""
+    import torch
+    from torch import nn
+
+    widths = (torch.arange(1, 3) * width).tolist()
+    scale = torch.linspace(0.5, 1.0, 2)[-1].item()
+    inputs = math.prod(spec.input_shape)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(inputs, widths[0]), nn.ReLU(), nn.Linear(widths[0], widths[1]),
+                          nn.ReLU(), nn.Linear(widths[1], spec.num_classes))
+    model.register_buffer("scale", torch.tensor(scale))
+    return model
+
+
+def test_a_model_whose_constructor_computes_with_tensors_is_checked_planned_and_profiled(capsys, tmp_path):
+    """Built on the meta device for the checks and the plan, and on fake tensors in the fake run,
+    such a constructor failed ("Cannot copy out of meta tensor") and the recipe was refused. Now
+    its arithmetic runs on real tensors and only its weights are empty: same shapes as the real
+    build, and the fake run (not the analytic fallback) profiles it."""
+    from suite.models import build
+    from suite.models.empty import on_meta
+    from suite.planner import fake_run
+
+    model = {"target": "tests.models.test_custom:sized_by_tensors", "width": 8}
+    raw = {"name": "tensors", "model": model, "data": TINY_IMAGES, "strategy": {"name": "ddp"},
+           "training": TWO_STEPS, "launch": {"tasks_per_node": 2}, "tracking": {"wandb": "disabled"}}
+    code, err = dry_run(capsys, tmp_path, raw)
+    assert code == 0, err
+    recipe = make_recipe({"name": "ddp"}, 2, model=model, data=TINY_IMAGES, training=TWO_STEPS)
+    real = build(recipe.model, recipe.data.spec())
+    empty = on_meta(lambda: build(recipe.model, recipe.data.spec()))
+    assert all(t.device.type == "meta" for t in [*empty.parameters(), *empty.buffers()])
+    assert [p.shape for p in empty.parameters()] == [p.shape for p in real.parameters()]
+    job = fake_run.Job(recipe, 2, timeout_s=120)
+    while job.poll() is None:
+        time.sleep(0.1)
+    status, profile = job.poll()
+    assert status == "ok", profile
+    assert profile.source == "fake", profile.notes
+    element = 8 if recipe.training.precision == "fp64" else 4  # make_recipe's parity precision: fp64
+    assert profile.held_bytes["parameters"] == sum(p.numel() for p in real.parameters()) * element
+    assert profile.comm_calls["all_reduce"] == 1  # (and DDP broadcasts the buffer)
+
+
+def test_torchvisions_regnet_named_by_target_passes_the_dry_run(capsys, tmp_path):
+    raw = {"name": "regnet", "model": {"target": "torchvision.models:regnet_x_400mf", "num_classes": 10},
+           "data": TINY_IMAGES, "strategy": {"name": "single"}, "training": TWO_STEPS, "tracking": {"wandb": "disabled"}}
+    code, err = dry_run(capsys, tmp_path, raw)
+    assert code == 0, err
