@@ -70,11 +70,16 @@ def main(run_dir: Path, out: Path) -> None:
     import yaml
 
     from suite import recipe as recipes
+    from suite.common import heap
     from suite.models import build as build_model
 
     recipe = recipes.Recipe.model_validate(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
     tr, opt = recipe.training, recipe.optimizer
     torch.set_num_threads(recipe.launch.cpus_per_task or 1)
+    # The machine's conditions, not the loop: a suite rank keeps freed memory in its heap
+    # (suite/common/heap.py), which halves some models' CPU steps; so does this loop, so that the
+    # ratio measures the loop. SCALESUITE_KEEP_FREED_MEMORY=0 turns it off on both sides.
+    heap.keep_freed_memory()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(tr.seed)

@@ -26,7 +26,10 @@ whose step counts no FLOPs (embedding-bag only) has no rate; the peak is used an
 prediction says so.
 
 Timed in a fresh interpreter (``time_in_fresh_process``: the predicting process may be a rank
-whose thread pools make a new engine hang) and cached per host in the calibration folder
+whose thread pools make a new engine hang), whose freed memory stays in its heap as a CPU rank's
+does (``suite.common.heap``): with glibc's defaults the same MLP step (784-1152-576-288, batch 20,
+one thread) timed 9-13 ms from one fresh process to the next, 6-15 ms from step to step; kept,
+6.2-6.4 ms and cached per host in the calibration folder
 (``model-times.json``), keyed by the model section, the strategy timed, the batch, the precision
 and the threads: a sweep or the advisor times each model, strategy and batch once.
 """
@@ -41,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from suite.common import threads
+from suite.common import heap, threads
 from suite.planner import compute
 from suite.planner.calibration import cache_dir
 from suite.record.run_record import write_json_atomic
@@ -260,6 +263,8 @@ def child() -> None:
 
     request = json.loads(sys.stdin.read())
     recipe = recipes.validate(yaml.safe_load(request["recipe"]))
+    if recipe.launch.device != "cuda":  # as a CPU rank allocates (suite.train.dist): the copies fork from here
+        heap.keep_freed_memory()
     together, own, stages = request.get("together", 1), request.get("own_strategy", False), request.get("stages", False)
     if together <= 1:
         print(json.dumps(time_step(recipe, request["threads"], own_strategy=own, stages=stages)), flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from suite.common import network
+from suite.common import heap, network
 from suite.common.errors import SuiteError
 from suite.common.ports import free_port
 from suite.common.threads import rank_threads
@@ -116,6 +116,7 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
         # Several "devices" of one CPU process are the same device; the split stays real in code.
         devices = tuple(torch.device("cpu") for _ in range(devices_per_task))
         backend = "gloo"
+        heap.keep_freed_memory()  # a step's buffers are not page-faulted back in every step (common/heap.py)
     threads = rank_threads(len(os.sched_getaffinity(0)), local_world, cpus_per_task)
     torch.set_num_threads(threads)
     if not dist.is_initialized():
