@@ -91,15 +91,29 @@ class FSDPEngine(ModuleEngine):
         yield
 
 
+def without_inplace(model: torch.nn.Module) -> None:
+    """Every module's ``inplace`` flag off (ReLU, Dropout, Hardswish, ...): same values, one more
+    buffer. FSDP2 hands a sharded block its input through an autograd Function, and an in-place op
+    on it fails in backward ("Output 0 of RegisterPostBackwardFunction is a view and is being
+    modified inplace": torchvision's MNASNet, whose classifier starts with Dropout(inplace=True));
+    one on a block's output that is a view silently drops FSDP2's pre-backward hook, and with it
+    the gather of the next block's parameters (torch's own warning says so)."""
+    for module in model.modules():
+        if getattr(module, "inplace", None) is True:
+            module.inplace = False
+
+
 def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) -> torch.nn.Module:
     """Shard each top-level block, then the root (which takes whatever is left)."""
     from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
 
+    without_inplace(model)
     for block in model.children():
         if any(p.requires_grad for p in block.parameters()):
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     # A Linear on [B, T, D] returns a view, which FSDP2 warns about in case the caller edits it
-    # in place; the loss (suite.models.task) only reads the output, so the warning is noise here.
+    # in place; the next block no longer does (without_inplace) and the loss (suite.models.task)
+    # only reads the output, so the warning is noise here.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     # The root keeps FSDP's default: its parameters are needed again at once for backward.
     return fully_shard(model, mesh=mesh, mp_policy=mp_policy)

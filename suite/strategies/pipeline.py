@@ -252,6 +252,10 @@ def build(opts: Options, setup) -> PipelineStageEngine:
 def _data_parallel(module, dp_mesh, mode: str) -> None:
     if mode == "fully_shard":
         from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
+
+        from suite.strategies.fsdp import without_inplace  # start-up: loads suite.strategies only when this runs
+
+        without_inplace(module)  # the stage's input comes through FSDP2's Function (fsdp.without_inplace)
         fully_shard(module, mesh=dp_mesh)
     else:
         torch_compat.replicate(module, dp_mesh)

@@ -72,3 +72,20 @@ def test_bad_degrees_give_one_clear_line(strategy, world_size, key):
     with pytest.raises(SuiteError) as err:
         make_recipe(strategy, world_size=world_size)
     assert key in str(err.value) and "world size" in str(err.value) and "\n" not in str(err.value)
+
+
+def inplace_at_a_block_start(spec):
+    """A block whose first op edits its input in place (as torchvision's MNASNet's classifier,
+    Dropout(inplace=True)), after a block whose output is a view."""
+    from torch import nn
+
+    inputs = math.prod(spec.input_shape)
+    return nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(inputs, 32)),
+                         nn.Sequential(nn.ReLU(inplace=True), nn.Linear(32, 32), nn.Flatten(start_dim=1)),
+                         nn.Sequential(nn.ReLU(inplace=True), nn.Linear(32, spec.num_classes)))
+
+
+def test_a_block_that_edits_its_input_in_place_is_sharded_and_matches_single(baseline_of, tmp_path):
+    model = {"target": "tests.strategies.test_fsdp:inplace_at_a_block_start"}
+    baseline = baseline_of(make_recipe({"name": "single"}, model=model)).losses
+    assert_matches(step_losses(make_recipe({"name": "fsdp"}, world_size=2, model=model), tmp_path), baseline)
