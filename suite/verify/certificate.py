@@ -42,6 +42,7 @@ class Certificate:
     steps: list[StepCheck]
     runs: dict = field(default_factory=dict)  # role -> run folder
     margin: float = MARGIN
+    dropout: str = ""  # the model's dropout, where it has any (``runs.dropout_of``): a reason to differ
 
     @property
     def first_bad_step(self) -> int | None:
@@ -71,6 +72,9 @@ class Certificate:
                       f"(rounding alone moves this run that far), so later steps tell little")
         if self.verdict == "equivalent":
             return head + f"equivalent to single within the noise floor ({where})"
+        if self.dropout:  # not the strategy's doing: say so on the line the user reads
+            where += (f"; the model has {self.dropout}, whose masks differ between ranks and one process, so "
+                      f"it differs whatever the strategy: set its dropout to 0 to verify the strategy")
         return head + f"differs from step {self.first_bad_step} ({where})"
 
     def lines(self) -> list[str]:
@@ -115,4 +119,4 @@ def read(folder: Path) -> Certificate | None:
         return None
     d = json.loads(path.read_text())
     keep = {k: d[k] for k in ("strategy", "world_size", "precision", "why_precision", "runs", "margin")}
-    return Certificate(steps=[StepCheck(**c) for c in d["steps"]], **keep)
+    return Certificate(steps=[StepCheck(**c) for c in d["steps"]], dropout=d.get("dropout", ""), **keep)

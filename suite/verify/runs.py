@@ -52,11 +52,28 @@ def certify_many(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
                             f"too small for {steps} steps at this batch: lower --steps")
         checks = judge(losses["single"][:steps], losses["strategy"][:steps], losses["floor"][:steps], precision)
         cert = Certificate(strategy=recipe.strategy.name, world_size=recipe.world_size, precision=precision,
-                           why_precision=why, steps=checks, runs={k: str(v) for k, v in runs.items()})
+                           why_precision=why, steps=checks, runs={k: str(v) for k, v in runs.items()},
+                           dropout=dropout_of(recipe) if recipe.world_size > 1 else "")
         cert.write(runs["strategy"])
         progress(cert.verdict_line())
         certificates.append(cert)
     return certificates
+
+
+def dropout_of(recipe) -> str:
+    """The model's dropout with a non-zero rate, in words ("2 dropout modules"), or "" (none, or
+    a model that cannot be built here). Each rank draws its own masks, so its samples are dropped
+    otherwise than in one process: the losses part from the first step, as a bug's would."""
+    from torch import nn  # start-up: loads torch only when this runs
+
+    try:
+        model = recipe.model_info().build_meta()
+    except Exception:  # noqa: BLE001 - a note on the verdict, never a reason to fail it
+        return ""
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    n = sum(1 for m in model.modules() if (isinstance(m, kinds) and m.p > 0)
+            or (isinstance(m, nn.MultiheadAttention) and m.dropout > 0))
+    return f"{n} dropout module{'s' if n > 1 else ''}" if n else ""
 
 
 def _check_claims(strategy) -> None:

@@ -79,6 +79,34 @@ def test_the_verdict_says_from_which_step_the_floor_is_too_large_to_tell():
 
 # ---- end to end ----------------------------------------------------------------------------
 
+def with_dropout(spec, p: float = 0.2):
+    """torchvision's MNASNet ends so: a dropout before the classifier."""
+    import math
+
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(spec.input_shape), 16), nn.Dropout(p),
+                         nn.Linear(16, spec.num_classes))
+
+
+def test_a_model_with_dropout_is_named_as_the_reason_it_differs():
+    """Each rank draws its own dropout masks: the losses part from the first step whatever the
+    strategy. The verdict says so, so that a user does not hunt a bug in the strategy; with the rate
+    at 0, or at world size 1, nothing is said."""
+    from suite.verify.certificate import Certificate, StepCheck
+    from suite.verify.runs import dropout_of
+    from tests.parity import make_recipe
+
+    model = {"target": "tests.commands.test_verify:with_dropout"}
+    data = {"name": "synthetic", "shape": [1, 8, 8], "classes": 4, "n_train": 64, "n_val": 16}
+    assert dropout_of(make_recipe({"name": "ddp"}, 2, model=model, data=data)) == "1 dropout module"
+    assert dropout_of(make_recipe({"name": "ddp"}, 2, model={**model, "p": 0.0}, data=data)) == ""
+    differs = [StepCheck(1, 2.0, 2.5, 0.5, 1e-14, 1e-12, False)]
+    line = Certificate("ddp", 2, "fp64", "", differs, dropout="1 dropout module").verdict_line()
+    assert "differs from step 1" in line and "the model has 1 dropout module" in line and "dropout to 0" in line
+    assert "dropout" not in Certificate("ddp", 2, "fp64", "", differs).verdict_line()
+
+
 def test_ddp_with_synced_batch_norm_is_equivalent_and_per_rank_batch_norm_differs(tmp_path):
     proc = _verify(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
