@@ -25,12 +25,12 @@ def train_step_flops(recipe) -> int | None:
     try:
         with torch.random.fork_rng(devices=[]):
             model = on_meta(lambda: build_model(recipe.model, spec))
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            inputs = torch.zeros(batch, *spec.input_shape, dtype=dtype)  # values do not matter
-            counter = FlopCounterMode(display=False)
-            with counter:
-                # The loss reduction is negligible next to the model; a sum stands in for it.
-                model(inputs).float().sum().backward()
+            with torch.device("meta"):
+                inputs = torch.zeros(batch, *spec.input_shape, dtype=dtype)  # values do not matter
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    # The loss reduction is negligible next to the model; a sum stands in for it.
+                    model(inputs).float().sum().backward()
         return int(counter.get_total_flops())
     except Exception as e:  # noqa: BLE001 - counting is a measurement, never a reason to fail
         print(f"FLOPs per step not counted for model {recipe.model.name}: {type(e).__name__}: {e}", flush=True)

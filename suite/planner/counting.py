@@ -41,10 +41,10 @@ def _nbytes(tensors) -> int:
 
 
 class Collectives(TorchDispatchMode):
-    """Bytes, calls and each call's message size per collective kind, from the ops that reach the dispatcher: c10d ops
-    (what ``torch.distributed`` calls and DDP's comm hook dispatch to) take the message as their
-    first tensor argument(s) (inputs) or their first argument (outputs, all_gather's); functional
-    collectives return their output."""
+    """Bytes, calls and each call's message size per collective kind, from the ops that reach the
+    dispatcher: c10d ops (what ``torch.distributed`` calls and DDP's comm hook dispatch to) take
+    the message as their first tensor argument(s) (inputs) or their first argument (outputs,
+    all_gather's); functional collectives return their output."""
 
     def __init__(self):
         super().__init__()

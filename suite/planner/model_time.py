@@ -29,7 +29,7 @@ Timed in a fresh interpreter (``time_in_fresh_process``: the predicting process 
 whose thread pools make a new engine hang), whose freed memory stays in its heap as a CPU rank's
 does (``suite.common.heap``): with glibc's defaults the same MLP step (784-1152-576-288, batch 20,
 one thread) timed 9-13 ms from one fresh process to the next, 6-15 ms from step to step; kept,
-6.2-6.4 ms and cached per host in the calibration folder
+6.2-6.4 ms. The result is cached per host in the calibration folder
 (``model-times.json``), keyed by the model section, the strategy timed, the batch, the precision
 and the threads: a sweep or the advisor times each model, strategy and batch once.
 """

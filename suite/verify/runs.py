@@ -27,6 +27,7 @@ def certify_many(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
     for recipe in recipes:
         _check_claims(recipe.strategy)
     baselines: dict[str, tuple[dict, dict]] = {}  # the single recipe (as YAML text) -> its two runs
+    dropout = dropout_of(recipes[0]) if recipes else ""  # one model: the recipes differ in strategy and launch
     certificates = []
     for recipe in recipes:
         precision, why = _precision(recipe)
@@ -53,7 +54,7 @@ def certify_many(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
         checks = judge(losses["single"][:steps], losses["strategy"][:steps], losses["floor"][:steps], precision)
         cert = Certificate(strategy=recipe.strategy.name, world_size=recipe.world_size, precision=precision,
                            why_precision=why, steps=checks, runs={k: str(v) for k, v in runs.items()},
-                           dropout=dropout_of(recipe) if recipe.world_size > 1 else "")
+                           dropout=dropout if recipe.world_size > 1 else "")
         cert.write(runs["strategy"])
         progress(cert.verdict_line())
         certificates.append(cert)
