@@ -147,9 +147,27 @@ def expand_sweep(raw: dict) -> list[dict]:
         for key, value in zip(sweep, combo):
             set_path(point, key, value)
         if sweep:
-            point["name"] = _point_name(raw["name"], "-".join(f"{k.split('.')[-1]}{v}" for k, v in zip(sweep, combo)))
+            point["name"] = _point_name(raw["name"], "-".join(_label(k, v, sweep[k]) for k, v in zip(sweep, combo)))
         points.append(point)
     return points
+
+
+def _label(key: str, value, values: list) -> str:
+    """A sweep value in a point's name: ``seed3`` for ``training.seed: 3``; a whole section
+    (``strategy: [{name: ddp}, {name: zero, stage: 2}, {name: zero, stage: 3}]``) by its name and
+    the entries that tell it from the others of that name (``ddp``, ``zero_stage2``, ``zero_stage3``)."""
+    plain = f"{key.split('.')[-1]}{value:g}" if isinstance(value, float) else f"{key.split('.')[-1]}{value}"
+    if not (isinstance(value, dict) and all(isinstance(v, dict) for v in values)):
+        return plain
+    label = _section_label(value, values)
+    clash = not label or sum(_section_label(v, values) == label for v in values) > 1
+    return plain if clash else label
+
+
+def _section_label(value: dict, values: list[dict]) -> str:
+    kin = [v for v in values if v.get("name") == value.get("name")]  # the same strategy (model, ...), other options
+    telling = [k for k in value if k != "name" and len({repr(v.get(k, "-")) for v in kin}) > 1]
+    return "_".join([str(value.get("name", ""))] + [f"{k}{value[k]}" for k in telling]).strip("_")
 
 
 def _flatten(sweep: dict, prefix: str = "") -> dict:

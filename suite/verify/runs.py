@@ -1,6 +1,7 @@
 """The three runs a certificate compares, each through ``python -m suite.submit`` as a user runs it."""
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -23,26 +24,32 @@ def certify(recipe, steps: int = 20, out: str | Path = "runs", progress=print) -
 
 def certify_many(recipes, steps: int = 20, out: str | Path = "runs", progress=print) -> list[Certificate]:
     """``certify`` for several recipes that differ in strategy and launch only (``--strategies``):
-    ``single`` and the floor run once per precision and serve every strategy judged in it."""
+    ``single`` and the floor run once per precision and serve every strategy judged in it. Runs
+    that differ in one key only go to one ``suite.submit`` as the points of a sweep, so that they
+    share its warm ranks (a rank's start-up is most of a short run's time)."""
     for recipe in recipes:
         _check_claims(recipe.strategy)
-    baselines: dict[str, tuple[dict, dict]] = {}  # the single recipe (as YAML text) -> its two runs
     dropout = dropout_of(recipes[0]) if recipes else ""  # one model: the recipes differ in strategy and launch
-    certificates = []
+    plans = []
     for recipe in recipes:
         precision, why = _precision(recipe)
-        raw = _short(recipe, steps, precision)
+        plans.append((recipe, precision, why, _short(recipe, steps, precision)))
         progress(f"verify: {recipe.strategy.name} at world size {recipe.world_size} against single, {steps} "
                  f"steps, {precision} ({why})")
-        runs = {"strategy": run_recipe("strategy", raw, Path(out), progress)}
+    labels = [f"strategy {recipe.strategy.name}" for recipe, *_ in plans]
+    strategy_runs = run_grouped(labels, [raw for *_, raw in plans], "strategy", Path(out), progress)
+    baselines: dict[str, tuple[dict, dict]] = {}  # the single recipe (as YAML text) -> its two runs
+    certificates = []
+    for (recipe, precision, why, raw), run in zip(plans, strategy_runs):
+        runs = {"strategy": run}
         one = _as_single(raw)
         key = yaml.safe_dump({**one, "name": None}, sort_keys=True)
         if key not in baselines:
-            base = Path(runs["strategy"]) / "verify"
             floor = {**one, "name": one["name"] + "-floor",
                      "training": {**one["training"], "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF[precision]}}
-            found = {"single": run_recipe("single", one, base / "single", progress),
-                     "floor": run_recipe("floor", floor, base / "floor", progress)}
+            single_run, floor_run = run_grouped(["single", "floor"], [one, floor], "training.init_perturbation",
+                                                Path(run) / "verify", progress)
+            found = {"single": single_run, "floor": floor_run}
             baselines[key] = (found, {role: _losses(Path(folder)) for role, folder in found.items()})
         found, base_losses = baselines[key]
         runs.update(found)
@@ -114,29 +121,75 @@ def _as_single(raw: dict) -> dict:
     return {**raw, "name": raw["name"] + "-single", "strategy": {"name": "single"}, "launch": launch}
 
 
-def run_recipe(role: str, raw: dict, out: Path, progress) -> str:
-    """One run through ``python -m suite.submit`` into ``out``; its run folder. The recipe it ran
-    and the command's output are kept in the run's ``verify/`` (the output is shown where it fails)."""
+def run_grouped(labels: list[str], raws: list[dict], key: str, out: Path, progress) -> list[str]:
+    """Each of ``raws`` run into ``out``; their run folders, in order. Recipes equal but for
+    ``key`` (a key path) and their names run as one sweep over ``key``: one ``suite.submit``,
+    whose points share warm ranks where their launch allows."""
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
+    from suite.recipe.text import set_path
+
+    groups: dict[str, list[int]] = {}
+    for i, raw in enumerate(raws):
+        rest = copy.deepcopy(raw)
+        rest["name"] = None
+        set_path(rest, key, None)
+        groups.setdefault(yaml.safe_dump(rest, sort_keys=True), []).append(i)
+    folders: list[str] = [""] * len(raws)
+    for members in groups.values():
+        if len(members) == 1:
+            sweep = raws[members[0]]
+        else:
+            sweep = copy.deepcopy(raws[members[0]])
+            sweep["sweep"] = {key: [_get_path(raws[i], key) for i in members]}
+            set_path(sweep, key, None)
+        found = run_recipe([labels[i] for i in members], sweep, out, progress)
+        for i, folder in zip(members, found):
+            folders[i] = folder
+    return folders
+
+
+def run_recipe(labels: list[str], raw: dict, out: Path, progress) -> list[str]:
+    """One ``python -m suite.submit`` of ``raw`` (one run, or one point per label of its sweep)
+    into ``out``; the run folders in the sweep's order. The recipe it ran and the command's output
+    are kept in each run's ``verify/`` (the output is shown where it fails)."""
     out.mkdir(parents=True, exist_ok=True)
+    what = " and ".join(labels)
     with tempfile.TemporaryDirectory(prefix="scalesuite-verify-") as scratch:
-        path = Path(scratch) / f"{role}.yaml"
+        path = Path(scratch) / "recipe.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
                               capture_output=True, text=True)
-        found = re.findall(r"run record: (\S+)", proc.stdout)
-        if found:
-            keep = Path(found[-1]) / "verify"
+        found = list(dict.fromkeys(re.findall(r"run record: (\S+)", proc.stdout)))  # first mention of each, in order
+        for folder in found:
+            keep = Path(folder) / "verify"
             keep.mkdir(exist_ok=True)
-            (keep / f"submit-{role}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+            (keep / "submit.log").write_text(proc.stdout + proc.stderr)
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+    if proc.returncode not in (0, 1) or len(found) != len(labels):
         cause = RunFailed if proc.returncode == 1 else SuiteError
-        raise cause(f"verify: the {role} run failed (exit {proc.returncode}):\n{tail}")
-    if not found:
-        raise RunFailed(f"verify: the {role} run named no run folder:\n{(proc.stdout + proc.stderr)[-2000:]}")
-    progress(f"  {role:<8} done in {time.perf_counter() - t0:.1f} s: {found[-1]}")
-    return found[-1]
+        raise cause(f"verify: the {what} run{'s' if len(labels) > 1 else ''} failed (exit {proc.returncode}):\n{tail}")
+    failed = [label for label, folder in zip(labels, found) if _status(Path(folder)) != "completed"]
+    if proc.returncode != 0 or failed:
+        raise RunFailed(f"verify: the {' and '.join(failed) or what} run{'s' if len(failed) > 1 else ''} failed "
+                        f"(exit {proc.returncode}; {', '.join(found)}):\n{tail}")
+    progress(f"  {what} done in {time.perf_counter() - t0:.1f} s: {', '.join(found)}")
+    return found
+
+
+def _get_path(raw: dict, key: str):
+    node = raw
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _status(run_dir: Path) -> str | None:
+    # start-up: loads pydantic, suite.record only when this runs
+    from suite.record import run_record
+
+    path = run_record.summary_path(run_dir)
+    return run_record.read_json(path).get("status") if path.exists() else None
 
 
 def _losses(run_dir: Path) -> list[float]:

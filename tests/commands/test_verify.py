@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -185,6 +186,13 @@ def test_every_strategy_that_can_run_a_torchvision_model_named_by_target_is_equi
     assert {"ddp", "allreduce", "fsdp", "fsdp1", "oss", "zero"} <= set(names), names
     assert all(c["verdict"] == "equivalent" for c in certs), [(c["strategy"], c["verdict_line"]) for c in certs]
     assert all(c["precision"] == ("fp32" if c["strategy"] == "zero" else "fp64") for c in certs)
+    # the float64 strategies ran as one sweep (one submit, one pool of warm ranks), named by strategy,
+    # against one single and one floor run
+    fp64 = [c for c in certs if c["precision"] == "fp64"]
+    pools = {(Path(c["runs"]["strategy"]) / "submitit").resolve() for c in fp64}
+    assert len(pools) == 1, pools
+    assert all(Path(c["runs"]["strategy"]).name.startswith(f"shufflenet-verify-{c['strategy']}-") for c in fp64)
+    assert len({(c["runs"]["single"], c["runs"]["floor"]) for c in fp64}) == 1
     # ZeRO cannot train in float64: judged in float32 against the float32 floor, and says why
     (zero,) = [c for c in certs if c["strategy"] == "zero"]
     assert "float32 master copies" in zero["why_precision"], zero["why_precision"]

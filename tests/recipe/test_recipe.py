@@ -26,6 +26,17 @@ def test_sweep_expands_to_one_named_recipe_per_point(tmp_path):
     assert len({p.name for p in points}) == 4
 
 
+def test_a_sweep_over_whole_sections_names_each_point_by_what_tells_it_apart(tmp_path):
+    text = (BASE + "sweep:\n  strategy: [{name: ddp}, {name: zero, stage: 2}, {name: zero, stage: 3}]\n"
+            "  training.init_perturbation: [0.0, 4.440892098500626e-16]\n")
+    names = [p.name for p in recipes.load(write(tmp_path, text))]
+    assert names == [f"r-{s}-init_perturbation{p}" for s in ("ddp", "zero_stage2", "zero_stage3")
+                     for p in ("0", "4.44089e-16")]
+    twins = "sweep:\n  strategy: [{name: zero, stage: 2}, {name: zero, stage: 2}]\n"
+    same = recipes.load(write(tmp_path, BASE + twins))
+    assert [p.name for p in same] == ["r-strategy_name_zero_stage_2"] * 2  # nothing tells them apart: the whole section
+
+
 def test_fingerprint_ignores_launch_but_not_training(tmp_path):
     path = write(tmp_path, BASE)
     (a,), (b,), (c,) = (recipes.load(path), recipes.load(path, ["launch.timeout_min=5"]),
