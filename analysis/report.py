@@ -45,12 +45,14 @@ PREDICTED = {"experiment": "experiment", "strategy": "strategy", "world_size": "
 SKIPPED = {"path": "run folder", "reason": "why skipped"}
 PARITY = {"run_id": "run", "strategy": "strategy", "world_size": "world size", "precision": "precision",
           "steps": "steps", "verdict": "verdict", "first_bad_step": "differs from step", "largest": "largest difference",
-          "of_bound": "of its bound", "telling_through": "telling through step"}
+          "of_bound": "of its bound", "telling_through": "telling through step", "dropout": "dropout"}
 PARITY_NOTE = ("Certificates of `python -m suite.verify`: the run's strategy against single on the same data, each step's "
                "loss difference judged against the noise floor (single with its weights nudged by a few rounding "
                "errors); float64 where the strategy can train in it. Written as verify.json in the run's folder. Telling through "
                "step K: after K the floor passes 1 % of the loss (the run amplifies rounding that far) and a bug could "
-               "hide in it.")
+               "hide in it. Dropout: the model's dropout with a non-zero rate, where it has any; each rank draws its own "
+               "masks, so such a model differs from single from step 1 under any data-parallel strategy: set its rate to 0 "
+               "to certify the strategy.")
 RUNS = {"run_id": "run", "experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size",
         "seed": "seed", "epochs": "epochs", "steps": "steps", "train_time_s": "training time (s)",
         "samples_per_s": "samples/s", "final_train_loss": "train loss", "final_train_accuracy": "train accuracy",
@@ -120,7 +122,7 @@ def parity_rows(runs) -> list[dict]:
                      "precision": cert["precision"], "steps": len(cert["steps"]), "verdict": cert["verdict"],
                      "first_bad_step": cert["first_bad_step"], "largest": worst["difference"],
                      "of_bound": worst["difference"] / worst["bound"] if worst["bound"] else None,
-                     "telling_through": cert.get("telling_through")})
+                     "telling_through": cert.get("telling_through"), "dropout": cert.get("dropout", "")})
     return rows
 
 

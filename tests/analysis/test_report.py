@@ -228,3 +228,24 @@ def test_other_seeds_are_repeats_of_one_experiment_other_strategy_options_are_no
     assert sorted(r.path.name for r in kept) == ["original", "seed7"]
     assert len({r.experiment for r in kept}) == 1
     assert [s.path.name for s in skipped] == ["buckets"] and "strategy options" in skipped[0].reason
+
+
+def test_the_parity_table_names_a_models_dropout_from_its_certificate(tmp_path):
+    """suite.verify keeps the model's dropout in verify.json (a reason the verdict differs that
+    is no bug); the report's parity row shows it, and nothing where the model has none."""
+    from types import SimpleNamespace
+
+    from analysis.report import PARITY_NOTE, parity_rows
+    from suite.verify import Certificate, judge
+
+    runs = []
+    for name, dropout in (("with", "1 dropout module"), ("without", "")):
+        folder = tmp_path / name
+        folder.mkdir()
+        steps = judge([2.0, 1.9], [2.0, 1.5], [2.0, 1.9], "fp64")
+        Certificate("ddp", 2, "fp64", "float64", steps, dropout=dropout).write(folder)
+        runs.append(SimpleNamespace(path=folder, run_id=name))
+    rows = {r["run_id"]: r for r in parity_rows(runs)}
+    assert rows["with"]["dropout"] == "1 dropout module" and rows["with"]["verdict"] == "differs"
+    assert rows["without"]["dropout"] == ""
+    assert "set its rate to 0" in PARITY_NOTE
