@@ -35,6 +35,8 @@ def run(candidates, raw: dict, steps: int, out: Path, progress=print) -> str:
         progress(f"verify {i}/{len(candidates)}: {c.name}")
         try:
             (folder,) = run_recipe([f"advise-{i}"], _short(c, steps), out / "verify", progress)
+            if isinstance(folder, SuiteError):
+                raise folder
             measured = json.loads((Path(folder) / "summary.json").read_text()).get("step_time_s")
         except (RunFailed, SuiteError) as e:
             lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | failed | | {' '.join(str(e).split())[:120]} |")

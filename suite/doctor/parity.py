@@ -1,5 +1,5 @@
 """The parity smoke: ddp, fsdp and zero2 train a small MLP on synthetic data for a few steps,
-each held to ``single`` by ``suite.verify.certify``: it runs the strategy, single and single's
+each held to ``single`` by ``suite.verify.certify_each``: it runs the strategies, single and single's
 noise floor (one rounding error away) through ``suite.submit`` and judges each step's difference
 against that floor, in float64 where the strategy can train in it (DeepSpeed's ZeRO keeps float32
 master weights: float32, said on its certificate). A "differs" is then a real difference: the
@@ -11,7 +11,7 @@ from pathlib import Path
 from suite.doctor.report import Check
 
 STRATEGIES = {"ddp": {"name": "ddp"}, "fsdp": {"name": "fsdp"}, "zero2": {"name": "zero", "stage": 2}}
-QUICK = ("ddp",)  # --quick: each certificate is three runs, ~35 s on 2 cores; ddp alone shows the stack works
+QUICK = ("ddp",)  # --quick: a certificate is three runs (two submits), ~20 s on 2 cores; ddp alone shows the stack works
 
 
 def recipe_for(strategy: dict, world: int, device: str) -> dict:
@@ -30,14 +30,14 @@ def recipe_for(strategy: dict, world: int, device: str) -> dict:
 
 
 def certify_function():
-    """``suite.verify.certify``, or None where this installation does not have it."""
+    """``suite.verify.certify_each``, or None where this installation does not have it."""
     try:
-        from suite.verify import certify  # optional: an installation may lack suite.verify
+        from suite.verify import certify_each  # optional: an installation may lack suite.verify
     except ModuleNotFoundError as e:
         if e.name != "suite.verify":
             raise  # suite.verify is there but something it imports is not: that is a finding, not a skip
         return None
-    return certify
+    return certify_each
 
 
 def _one_line(text: str, keep: int = 3) -> str:
@@ -47,8 +47,10 @@ def _one_line(text: str, keep: int = 3) -> str:
 
 def parity_smoke(world: int, steps: int, out: Path, device: str, emit, line, labels=tuple(STRATEGIES),
                  certify=None) -> dict:
-    """One check per strategy of ``labels``: its certificate against single. ``certify``
-    defaults to ``suite.verify.certify``; without it the smoke is one skipped check saying so."""
+    """One check per strategy of ``labels``: its certificate against single, all certified at
+    once (``certify_each``: one single and one floor run per precision serve them all, and the
+    strategies that share a precision run as one sweep). ``certify`` defaults to
+    ``suite.verify.certify_each``; without it the smoke is one skipped check saying so."""
     # start-up: loads torch, numpy, pydantic, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
     from suite.common.errors import SuiteError  # start-up: loads suite.common only when this runs
@@ -58,19 +60,26 @@ def parity_smoke(world: int, steps: int, out: Path, device: str, emit, line, lab
         emit(Check("parity", "skip", "suite.verify (certify) is not in this installation, so "
                                      f"{', '.join(labels)} were not compared with single"))
         return {"skipped": "suite.verify missing"}
+    outcomes, chosen = {}, []
+    for label in labels:
+        try:
+            chosen.append((label, recipes.validate(recipe_for(STRATEGIES[label], world, device))))
+        except SuiteError as e:
+            outcomes[label] = e
+    if chosen:
+        got = certify([recipe for _, recipe in chosen], steps, Path(out), lambda text: line(f"    {text}"))
+        outcomes.update(zip((label for label, _ in chosen), got))
     found = {}
     for label in labels:
         name = f"parity {label} vs single x{world}"
-        folder = Path(out) / label
-        try:
-            recipe = recipes.validate(recipe_for(STRATEGIES[label], world, device))
-            cert = certify(recipe, steps, folder, progress=lambda text: line(f"    {text}"))
-        except SuiteError as e:
-            emit(Check(name, "fail", f"did not run: {_one_line(e)}",
+        cert = outcomes[label]
+        if isinstance(cert, SuiteError):
+            emit(Check(name, "fail", f"did not run: {_one_line(cert)}",
                        meaning=f"{label} does not train on this stack: the message names why",
-                       fix=f"fix what it names; if it is the suite's fault, report it with {folder}"))
-            found[label] = {"error": str(e), "folder": str(folder)}
+                       fix=f"fix what it names; if it is the suite's fault, report it with {out}"))
+            found[label] = {"error": str(cert), "folder": str(out)}
             continue
+        folder = (getattr(cert, "runs", None) or {}).get("strategy", str(out))
         lines = list(cert.lines())
         found[label] = {"verdict": cert.verdict, "first_bad_step": cert.first_bad_step, "folder": str(folder),
                         "lines": lines}

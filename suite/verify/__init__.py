@@ -26,4 +26,4 @@ the float32 floor, which is said on the certificate.
 from __future__ import annotations
 
 from suite.verify.certificate import Certificate, StepCheck, judge  # noqa: F401
-from suite.verify.runs import certify, certify_many  # noqa: F401
+from suite.verify.runs import certify, certify_each, certify_many  # noqa: F401

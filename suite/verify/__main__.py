@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from suite.common.errors import SuiteError, one_line
-from suite.verify import certify_many
+from suite.verify import certify_each
 
 
 def main(argv=None) -> int:
@@ -35,12 +35,21 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
 
-    certificates = certify_many(_recipes(args), args.steps, args.out)
+    recipes = _recipes(args)
+    outcomes = certify_each(recipes, args.steps, args.out)
+    certificates = [o for o in outcomes if not isinstance(o, SuiteError)]
+    failed = [(r, o) for r, o in zip(recipes, outcomes) if isinstance(o, SuiteError)]
+    if failed and not certificates:
+        raise failed[0][1]  # nothing to judge: the error, as one line (exit 1 for a failed run, 2 for bad input)
     for cert in certificates:
         print("\n".join(cert.lines()), flush=True)
-    if len(certificates) > 1:
-        print("\n".join(c.verdict_line() for c in certificates))
-    return 0 if all(c.verdict == "equivalent" for c in certificates) else 1
+    if len(outcomes) > 1:  # one line per strategy, a failed one's first line too
+        print("\n".join(o.verdict_line() if not isinstance(o, SuiteError) else
+                        f"{r.strategy.name} at world size {r.world_size}: did not run ({str(o).splitlines()[0]})"
+                        for r, o in zip(recipes, outcomes)))
+    for recipe, error in failed:
+        print(f"error: {recipe.strategy.name}: {error}", file=sys.stderr)
+    return 0 if not failed and all(c.verdict == "equivalent" for c in certificates) else 1
 
 
 def _recipes(args) -> list:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +27,18 @@ def certify_many(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
     """``certify`` for several recipes that differ in strategy and launch only (``--strategies``):
     ``single`` and the floor run once per precision and serve every strategy judged in it. Runs
     that differ in one key only go to one ``suite.submit`` as the points of a sweep, so that they
-    share its warm ranks (a rank's start-up is most of a short run's time)."""
+    share its warm ranks (a rank's start-up is most of a short run's time). A run that fails
+    raises (``certify_each`` judges the others)."""
+    outcomes = certify_each(recipes, steps, out, progress)
+    for outcome in outcomes:
+        if isinstance(outcome, SuiteError):
+            raise outcome
+    return outcomes
+
+
+def certify_each(recipes, steps: int = 20, out: str | Path = "runs", progress=print) -> list:
+    """``certify_many``, where a recipe whose runs fail gets its error (a ``SuiteError``) in its
+    place in the list and the others are still judged (``suite.doctor``'s parity smoke)."""
     for recipe in recipes:
         _check_claims(recipe.strategy)
     dropout = dropout_of(recipes[0]) if recipes else ""  # one model: the recipes differ in strategy and launch
@@ -38,34 +50,46 @@ def certify_many(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
                  f"steps, {precision} ({why})")
     labels = [f"strategy {recipe.strategy.name}" for recipe, *_ in plans]
     strategy_runs = run_grouped(labels, [raw for *_, raw in plans], "strategy", Path(out), progress)
-    baselines: dict[str, tuple[dict, dict]] = {}  # the single recipe (as YAML text) -> its two runs
-    certificates = []
+    baselines: dict = {}  # the single recipe (as YAML text) -> (its two runs, their losses), or their error
+    outcomes = []
     for (recipe, precision, why, raw), run in zip(plans, strategy_runs):
-        runs = {"strategy": run}
+        if isinstance(run, SuiteError):
+            outcomes.append(run)
+            continue
         one = _as_single(raw)
         key = yaml.safe_dump({**one, "name": None}, sort_keys=True)
         if key not in baselines:
-            floor = {**one, "name": one["name"] + "-floor",
-                     "training": {**one["training"], "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF[precision]}}
-            single_run, floor_run = run_grouped(["single", "floor"], [one, floor], "training.init_perturbation",
-                                                Path(run) / "verify", progress)
-            found = {"single": single_run, "floor": floor_run}
-            baselines[key] = (found, {role: _losses(Path(folder)) for role, folder in found.items()})
+            baselines[key] = _baselines(one, precision, Path(run) / "verify", progress)
+        if isinstance(baselines[key], SuiteError):
+            outcomes.append(baselines[key])
+            continue
         found, base_losses = baselines[key]
-        runs.update(found)
-        losses = {**base_losses, "strategy": _losses(Path(runs["strategy"]))}
+        runs = {"strategy": run, **found}
+        losses = {**base_losses, "strategy": _losses(Path(run))}
         n = min(len(v) for v in losses.values())
         if n < steps:
-            raise RunFailed(f"verify: the runs recorded {n} of {steps} steps ({runs}); the data set may be "
-                            f"too small for {steps} steps at this batch: lower --steps")
+            outcomes.append(RunFailed(f"verify: the runs recorded {n} of {steps} steps ({runs}); the data set may "
+                                      f"be too small for {steps} steps at this batch: lower --steps"))
+            continue
         checks = judge(losses["single"][:steps], losses["strategy"][:steps], losses["floor"][:steps], precision)
         cert = Certificate(strategy=recipe.strategy.name, world_size=recipe.world_size, precision=precision,
                            why_precision=why, steps=checks, runs={k: str(v) for k, v in runs.items()},
                            dropout=dropout if recipe.world_size > 1 else "")
-        cert.write(runs["strategy"])
+        cert.write(run)
         progress(cert.verdict_line())
-        certificates.append(cert)
-    return certificates
+        outcomes.append(cert)
+    return outcomes
+
+
+def _baselines(one: dict, precision: str, out: Path, progress):
+    """``single`` and its floor (one sweep) into ``out``: ({role: run folder}, {role: losses}), or
+    the error that ended them."""
+    floor = {**one, "name": one["name"] + "-floor",
+             "training": {**one["training"], "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF[precision]}}
+    found = dict(zip(("single", "floor"), run_grouped(["single", "floor"], [one, floor], "training.init_perturbation",
+                                                      out, progress)))
+    error = next((f for f in found.values() if isinstance(f, SuiteError)), None)
+    return error or (found, {role: _losses(Path(folder)) for role, folder in found.items()})
 
 
 def dropout_of(recipe) -> str:
@@ -121,10 +145,11 @@ def _as_single(raw: dict) -> dict:
     return {**raw, "name": raw["name"] + "-single", "strategy": {"name": "single"}, "launch": launch}
 
 
-def run_grouped(labels: list[str], raws: list[dict], key: str, out: Path, progress) -> list[str]:
-    """Each of ``raws`` run into ``out``; their run folders, in order. Recipes equal but for
-    ``key`` (a key path) and their names run as one sweep over ``key``: one ``suite.submit``,
-    whose points share warm ranks where their launch allows."""
+def run_grouped(labels: list[str], raws: list[dict], key: str, out: Path, progress) -> list:
+    """Each of ``raws`` run into ``out``; their run folders, in order, or for a run that failed its
+    error (a ``SuiteError``). Recipes equal but for ``key`` (a key path) and their names run as
+    one sweep over ``key``: one ``suite.submit``, whose points share warm ranks where their
+    launch allows, named after the members' common name."""
     # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite.recipe.text import set_path
 
@@ -134,24 +159,26 @@ def run_grouped(labels: list[str], raws: list[dict], key: str, out: Path, progre
         rest["name"] = None
         set_path(rest, key, None)
         groups.setdefault(yaml.safe_dump(rest, sort_keys=True), []).append(i)
-    folders: list[str] = [""] * len(raws)
+    outcomes: list = [None] * len(raws)
     for members in groups.values():
         if len(members) == 1:
             sweep = raws[members[0]]
         else:
             sweep = copy.deepcopy(raws[members[0]])
+            sweep["name"] = os.path.commonprefix([raws[i]["name"] for i in members]).rstrip("-_.") or sweep["name"]
             sweep["sweep"] = {key: [_get_path(raws[i], key) for i in members]}
             set_path(sweep, key, None)
-        found = run_recipe([labels[i] for i in members], sweep, out, progress)
-        for i, folder in zip(members, found):
-            folders[i] = folder
-    return folders
+        for i, outcome in zip(members, run_recipe([labels[i] for i in members], sweep, out, progress)):
+            outcomes[i] = outcome
+    return outcomes
 
 
-def run_recipe(labels: list[str], raw: dict, out: Path, progress) -> list[str]:
+def run_recipe(labels: list[str], raw: dict, out: Path, progress) -> list:
     """One ``python -m suite.submit`` of ``raw`` (one run, or one point per label of its sweep)
-    into ``out``; the run folders in the sweep's order. The recipe it ran and the command's output
-    are kept in each run's ``verify/`` (the output is shown where it fails)."""
+    into ``out``: each point's run folder in the sweep's order, or for a point that failed its
+    error (``RunFailed``; a ``SuiteError`` for every point where the command itself refused). The
+    recipe it ran and the command's output are kept in each run's ``verify/`` (the output is shown
+    where it fails)."""
     out.mkdir(parents=True, exist_ok=True)
     what = " and ".join(labels)
     with tempfile.TemporaryDirectory(prefix="scalesuite-verify-") as scratch:
@@ -168,13 +195,25 @@ def run_recipe(labels: list[str], raw: dict, out: Path, progress) -> list[str]:
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
     if proc.returncode not in (0, 1) or len(found) != len(labels):
         cause = RunFailed if proc.returncode == 1 else SuiteError
-        raise cause(f"verify: the {what} run{'s' if len(labels) > 1 else ''} failed (exit {proc.returncode}):\n{tail}")
-    failed = [label for label, folder in zip(labels, found) if _status(Path(folder)) != "completed"]
-    if proc.returncode != 0 or failed:
-        raise RunFailed(f"verify: the {' and '.join(failed) or what} run{'s' if len(failed) > 1 else ''} failed "
-                        f"(exit {proc.returncode}; {', '.join(found)}):\n{tail}")
-    progress(f"  {what} done in {time.perf_counter() - t0:.1f} s: {', '.join(found)}")
-    return found
+        error = cause(f"verify: the {what} run{'s' if len(labels) > 1 else ''} failed (exit {proc.returncode}):\n{tail}")
+        return [error] * len(labels)
+    outcomes = [folder if _status(Path(folder)) == "completed" else _point_failed(label, folder, proc.stdout + proc.stderr)
+                for label, folder in zip(labels, found)]
+    if proc.returncode != 0 and not any(isinstance(o, SuiteError) for o in outcomes):  # failed, yet each completed
+        outcomes = [RunFailed(f"verify: the {what} runs failed (exit {proc.returncode}):\n{tail}")] * len(labels)
+    done = [folder for folder in outcomes if not isinstance(folder, SuiteError)]
+    if done:
+        progress(f"  {what} done in {time.perf_counter() - t0:.1f} s: {', '.join(done)}")
+    return outcomes
+
+
+def _point_failed(label: str, folder: str, output: str) -> RunFailed:
+    """A sweep point's failure, in the words ``suite.submit`` used for it (its ``error:`` line
+    naming the run), else the output's last lines."""
+    name = Path(folder).name
+    mine = [ln.strip() for ln in output.splitlines() if ln.startswith("error:") and name in ln]
+    why = mine[-1].removeprefix("error:").strip() if mine else "\n" + "\n".join(output.strip().splitlines()[-8:])
+    return RunFailed(f"verify: the {label} run failed: {why}")
 
 
 def _get_path(raw: dict, key: str):

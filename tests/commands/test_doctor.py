@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from suite.common.errors import RunFailed
+
 from suite.doctor import collectives, network, parity, versions
 from suite.doctor.report import Check, check_lines, exit_code
 
@@ -160,10 +162,10 @@ def test_bad_usage_is_one_line_and_exit_2(args, says):
 
 
 class _Certificate:
-    """What suite.verify.certify returns, as far as the doctor reads it."""
+    """What suite.verify.certify_each returns, as far as the doctor reads it."""
 
-    def __init__(self, verdict, first_bad_step):
-        self.verdict, self.first_bad_step = verdict, first_bad_step
+    def __init__(self, verdict, first_bad_step, folder):
+        self.verdict, self.first_bad_step, self.runs = verdict, first_bad_step, {"strategy": str(folder)}
 
     def lines(self):
         return ["step  single loss", "   1  2.30  0.0e+00  ok", "   2  2.20  3.1e-02  OVER", f"verdict {self.verdict}"]
@@ -172,19 +174,23 @@ class _Certificate:
 def test_parity_differs_is_a_failed_check_naming_the_step(tmp_path):
     asked = []
 
-    def certify(recipe, steps, out, progress):
-        asked.append((recipe.strategy.name, recipe.world_size, recipe.launch.device, steps, out))
-        return _Certificate("differs", 2) if recipe.strategy.name == "fsdp" else _Certificate("equivalent", None)
+    def certify_each(recipes, steps, out, progress):
+        asked.append(([(r.strategy.name, r.world_size, r.launch.device) for r in recipes], steps, out))
+        return [_Certificate("differs", 2, out / "fsdp-run") if r.strategy.name == "fsdp" else
+                _Certificate("equivalent", None, out / "run") for r in recipes[:-1]] + [RunFailed("zero run failed")]
 
     checks = []
-    parity.parity_smoke(2, 20, tmp_path, "cpu", checks.append, lambda text: None, certify=certify)
-    assert asked == [("ddp", 2, "cpu", 20, tmp_path / "ddp"), ("fsdp", 2, "cpu", 20, tmp_path / "fsdp"),
-                     ("zero", 2, "cpu", 20, tmp_path / "zero2")]
+    found = parity.parity_smoke(2, 20, tmp_path, "cpu", checks.append, lambda text: None, certify=certify_each)
+    # all three at once: certify_each shares single and its floor between them
+    assert asked == [([("ddp", 2, "cpu"), ("fsdp", 2, "cpu"), ("zero", 2, "cpu")], 20, tmp_path)]
     by_name = {c.name: c for c in checks}
     assert by_name["parity ddp vs single x2"].status == "pass"
     bad = by_name["parity fsdp vs single x2"]
     assert bad.status == "fail" and "step 2  2.20  3.1e-02  OVER" in bad.detail
-    assert "a strategy bug" in bad.meaning and str(tmp_path / "fsdp") in bad.fix
+    assert "a strategy bug" in bad.meaning and str(tmp_path / "fsdp-run") in bad.fix
+    failed = by_name["parity zero2 vs single x2"]  # one strategy's failed run fails its check only
+    assert failed.status == "fail" and "did not run: zero run failed" in failed.detail
+    assert found["zero2"] == {"error": "zero run failed", "folder": str(tmp_path)}
 
 
 def test_parity_without_suite_verify_is_skipped_and_says_so(tmp_path, monkeypatch):

@@ -131,30 +131,42 @@ def test_ddp_with_synced_batch_norm_is_equivalent_and_per_rank_batch_norm_differ
     assert "differs from step 1" in proc.stdout.strip().splitlines()[-1]
 
 
-def test_a_strategy_broken_on_purpose_differs(tmp_path):
-    """allreduce summing the ranks' gradients instead of averaging them, patched into every
-    process of the run (sitecustomize runs at each interpreter's start)."""
+def test_a_strategy_broken_on_purpose_differs_and_one_that_fails_is_named_beside_it(tmp_path):
+    """allreduce summing the ranks' gradients instead of averaging them, and fsdp raising in its
+    third step, patched into every process of the run (sitecustomize runs at each interpreter's
+    start). Both run as one sweep: the failed one is named, the other still judged."""
     patch = tmp_path / "patch"
     patch.mkdir()
     (patch / "sitecustomize.py").write_text(textwrap.dedent("""
         import torch.distributed as dist
-        from suite.strategies import allreduce
+        from suite.strategies import allreduce, fsdp
 
         def summed(self):
             for p in self.module.parameters():
                 dist.all_reduce(p.grad)
 
         allreduce.AllReduceEngine.reduce_gradients = summed
+        step = fsdp.FSDPEngine.train_step
+
+        def failing(self, *args, **kwargs):
+            self.steps_taken = getattr(self, "steps_taken", 0) + 1
+            if self.steps_taken == 3:
+                raise RuntimeError("broken on purpose")
+            return step(self, *args, **kwargs)
+
+        fsdp.FSDPEngine.train_step = failing
     """))
     import os
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(patch), os.getcwd()])}
     recipe = {**RECIPE, "model": {"name": "mlp", "hidden": [32]}, "strategy": {"name": "allreduce"}}
-    proc = _verify(tmp_path, recipe=recipe, env=env)
+    proc = _verify(tmp_path, "--strategies", "allreduce,fsdp", recipe=recipe, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "allreduce at world size 2 (fp64, 8 steps): differs from step 2" in proc.stdout
+    assert "fsdp at world size 2: did not run (verify: the strategy fsdp run failed" in proc.stdout, proc.stdout
+    assert "broken on purpose" in proc.stderr, proc.stderr
     (cert,) = _certificates(tmp_path)
-    assert cert["first_bad_step"] == 2 and cert["steps"][1]["difference"] > 1e-4
+    assert cert["strategy"] == "allreduce" and cert["first_bad_step"] == 2 and cert["steps"][1]["difference"] > 1e-4
 
 
 @pytest.mark.parametrize("strategy, message", [
