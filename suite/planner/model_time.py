@@ -107,9 +107,7 @@ def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = Fals
                        "batch": single.training.batch_size, "passes": single.training.grad_accumulation,
                        "precision": single.training.precision,
                        "checkpointing": single.training.activation_checkpointing,
-                       "device": single.launch.device, "threads": threads, "together": together,
-                       **({"synced_batchnorm": True} if own_strategy and syncs_batchnorm(recipe) else {})},
-                      sort_keys=True)
+                       "device": single.launch.device, "threads": threads, "together": together}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -121,27 +119,7 @@ def time_step(recipe, threads: int, ready=None, own_strategy: bool = False, stag
     without their wrapper (``stage_time``): {"step_s", "overhead_s", "strategy", ...}."""
     if stages:
         return _time_stages(recipe, threads, ready)
-    one = one_rank_recipe(recipe, own_strategy)
-    return _time_engine(one, threads, ready, synced=one.strategy.name != "single" and syncs_batchnorm(recipe))
-
-
-def syncs_batchnorm(recipe) -> bool:
-    """Whether ``recipe``'s ranks sync batch-norm layers with data-parallel peers: its own-strategy
-    timing then syncs them over a group of one (``Setup.batchnorm_alone``). On a CPU the synced
-    layer (``suite.strategies.batchnorm``) makes more passes over its input than native batch
-    norm and runs a dozen small ops besides its two collectives, which the timing of the model's
-    own step does not hold: measured, torchvision's RegNetX-400MF (batch 16 of 32x32, two
-    ranks of one thread stepping at once) stepped as one DDP rank in 52.9 ms with native batch
-    norm and 81.9 ms synced (45.8 ms as ``single``)."""
-    if not (recipe.training.sync_batchnorm and recipe.layout().dp_size > 1):
-        return False
-    from suite.strategies.batchnorm import BATCHNORMS  # start-up: loads torch only when this runs
-
-    try:
-        model = recipe.model_info().build_meta()
-    except Exception:  # noqa: BLE001 - the timing builds it for real and says what is wrong
-        return True
-    return any(isinstance(m, BATCHNORMS) for m in model.modules())
+    return _time_engine(one_rank_recipe(recipe, own_strategy), threads, ready)
 
 
 def _group_of_one(device) -> None:
@@ -177,7 +155,7 @@ def _time_stages(recipe, threads: int, ready=None) -> dict:
             "strategy": recipe.strategy.name, "flops": None, "flops_per_s": None}
 
 
-def _time_engine(one, threads: int, ready=None, synced: bool = False) -> dict:
+def _time_engine(one, threads: int, ready=None) -> dict:
     import torch  # start-up: loads torch, numpy only when this runs
 
     # start-up: loads torch, pydantic, suite.strategies only when this runs
@@ -187,7 +165,7 @@ def _time_engine(one, threads: int, ready=None, synced: bool = False) -> dict:
     # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner.counting import fake_batch
     # start-up: loads torch, suite.strategies only when this runs
-    from suite.strategies import batchnorm, prepare
+    from suite.strategies import prepare
     # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies.context import DistContext
     # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
@@ -203,11 +181,7 @@ def _time_engine(one, threads: int, ready=None, synced: bool = False) -> dict:
     try:
         with torch.random.fork_rng(devices=[]), prepare.default_dtype(one.training.precision):
             ctx = DistContext(0, 1, 0, 1, device, "gloo" if alone else "none", (device,))
-            setup = make_setup(one, ctx)
-            setup.batchnorm_alone = synced
-            engine = strategies.build(one.strategy, setup)
-            module = getattr(engine, "module", None)
-            synced_layers = sum(map(batchnorm.is_synced, module.modules())) if module is not None else None
+            engine = strategies.build(one.strategy, make_setup(one, ctx))
             inputs, targets = fake_batch(one, one.training.batch_size)
             if (dtype := prepare.input_dtype(one.training.precision)) is not None and inputs.is_floating_point():
                 inputs = inputs.to(dtype)
@@ -227,8 +201,7 @@ def _time_engine(one, threads: int, ready=None, synced: bool = False) -> dict:
         torch.set_num_threads(before)
     step_s = statistics.median(times)
     return {"step_s": step_s, "flops": flops, "flops_per_s": flops / step_s if flops else None,
-            "batch": one.training.batch_size, "threads": threads, "steps": len(times), "strategy": one.strategy.name,
-            "synced_batchnorm_layers": synced_layers}
+            "batch": one.training.batch_size, "threads": threads, "steps": len(times), "strategy": one.strategy.name}
 
 
 def timed(recipe, threads: int, together: int = 1, use_cache: bool = True, own_strategy: bool = False,

@@ -51,10 +51,6 @@ class Setup:
     # training.balance other than equal: ranks hold unequal parts of the global batch, and
     # ModuleEngine weights each pass's loss by its share (ModuleEngine.pass_weight)
     uneven_batches: bool = False
-    # The planner's one-rank timing of a rank that will sync batch norm with peers
-    # (``suite.planner.model_time``): synced over a group of one, so that the timing holds the
-    # synced layer's own compute (its extra passes and small ops), which native batch norm lacks.
-    batchnorm_alone: bool = False
 
     @property
     def precision(self) -> str:
@@ -73,10 +69,8 @@ class Setup:
         with ``sync_batchnorm`` and more than one of them, else None (per rank). Decided from
         the layout alone, never from the module: creating a group is collective, and a pipeline
         stage without batch norm must create it as the others do. Created once per Setup."""
-        if not self.sync_batchnorm:
+        if not (self.sync_batchnorm and self.layout.dp_size > 1):
             return None
-        if self.layout.dp_size == 1:
-            return torch.distributed.group.WORLD if self.batchnorm_alone else None
         if not hasattr(self, "_batchnorm_group"):
             # start-up: loads suite.strategies only when this runs
             from suite.strategies.batchnorm import data_parallel_group

@@ -282,26 +282,3 @@ def test_every_stages_parameter_gather_lies_on_a_pipelines_path():
     alone = timing.comm_time_s(profile, cal, {"name": "pipeline", "stages": 2})
     assert two["comm_s_by_kind"]["all_gather"] == pytest.approx(2 * alone["all_gather"])
     assert two["comm_s_by_kind"]["reduce_scatter"] == pytest.approx(alone["reduce_scatter"])
-
-
-def test_a_rank_that_syncs_batch_norm_is_timed_with_its_layers_synced_over_a_group_of_one():
-    """The own-strategy timing of a data-parallel rank of a model with batch norm runs the synced
-    layers a rank runs (their own extra compute), over a group of one; a run without syncing
-    keeps native batch norm (as does single's timing, the model's rate: only a strategy's own
-    timing syncs)."""
-    from suite.planner import model_time
-    from tests.parity import make_recipe
-
-    model = {"name": "resnet18", "width": 0.125}
-    data = {"name": "synthetic", "shape": [3, 16, 16], "classes": 10, "n_train": 64, "n_val": 16}
-    ddp = make_recipe({"name": "ddp"}, world_size=2, model=model, data=data)
-    own = model_time.time_in_fresh_process(ddp, 1, own_strategy=True)
-    assert own["strategy"] == "ddp" and own["synced_batchnorm_layers"] == 20  # resnet18: 20 batch norms
-    per_rank = ddp.model_copy(update={"training": ddp.training.model_copy(update={"sync_batchnorm": False})})
-    assert model_time.time_in_fresh_process(per_rank, 1, own_strategy=True)["synced_batchnorm_layers"] == 0
-    assert model_time.cache_key(ddp, 1, own_strategy=True) != model_time.cache_key(per_rank, 1, own_strategy=True)
-    # a model without batch norm is timed as before, whatever the setting: its earlier timings still serve
-    mlp = make_recipe({"name": "ddp"}, world_size=2)
-    assert not model_time.syncs_batchnorm(mlp) and model_time.syncs_batchnorm(ddp)
-    plain = mlp.model_copy(update={"training": mlp.training.model_copy(update={"sync_batchnorm": False})})
-    assert model_time.cache_key(mlp, 1, own_strategy=True) == model_time.cache_key(plain, 1, own_strategy=True)
