@@ -79,7 +79,7 @@ def parity_smoke(world: int, steps: int, out: Path, device: str, emit, line, lab
                        fix=f"fix what it names; if it is the suite's fault, report it with {out}"))
             found[label] = {"error": str(cert), "folder": str(out)}
             continue
-        folder = (getattr(cert, "runs", None) or {}).get("strategy", str(out))
+        folder = cert.runs["strategy"]
         lines = list(cert.lines())
         found[label] = {"verdict": cert.verdict, "first_bad_step": cert.first_bad_step, "folder": str(folder),
                         "lines": lines}

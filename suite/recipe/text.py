@@ -122,6 +122,14 @@ def apply_override(raw: dict, item: str) -> None:
     set_path(raw, key, value)
 
 
+def get_path(raw: dict, key: str):
+    """The value at key path ``key`` (``training.seed``) of a raw recipe, or None where it is unset."""
+    node = raw
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def set_path(raw: dict, key: str, value) -> None:
     node = raw
     parts = key.split(".")

@@ -123,6 +123,13 @@ def summary_path(run_dir) -> Path:
     return Path(run_dir) / "summary.json"
 
 
+def summary_so_far(run_dir) -> dict:
+    """``summary.json`` as it stands, unchecked, or {} where the run has not written one yet (a
+    follower or a caller asking for its status while it runs)."""
+    path = summary_path(run_dir)
+    return read_json(path) if path.exists() else {}
+
+
 def read_summary(run_dir) -> dict:
     """``summary.json`` checked against ``Summary``, as a dict; ``BadSummary`` says what is wrong."""
     path = summary_path(run_dir)

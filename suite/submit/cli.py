@@ -127,8 +127,7 @@ def _resume(args) -> int:
         raise SuiteError(f"--resume {args.resume}: no run record there (expected {run_dir / 'recipe.yaml'}); "
                          f"give a run folder that suite.submit wrote, e.g. runs/<name>-<time>-<id>")
     resume.check_overrides(args.resume, args.overrides)  # strategy.* and launch.* only
-    status = (run_record.read_json(run_record.summary_path(run_dir)) if run_record.summary_path(run_dir).exists()
-              else {}).get("status")
+    status = run_record.summary_so_far(run_dir).get("status")
     if status == "completed":
         raise SuiteError(f"--resume {args.resume}: the run has completed; nothing to resume")
     from suite.record.status import state  # start-up: loads psutil, suite.common, suite.record only when this runs
@@ -242,16 +241,11 @@ def _run_pooled(runs, pool, done) -> None:
         for n, (r, run_dir) in enumerate(runs):
             watch = follow_in_pool(n, r, run_dir)
             follow.wait([watch], poll_s=0.05, on_done=lambda w: done(w, resubmit_in_new_pool(n, run_dir)))
-            if _summary_status(run_dir) != "completed":
+            if run_record.summary_so_far(run_dir).get("status") != "completed":
                 held[0].open = False  # its ranks have ended (or were killed): the next point gets new ones
     finally:
         if held[0]:
             held[0].close()
-
-
-def _summary_status(run_dir: Path):
-    path = run_record.summary_path(run_dir)
-    return run_record.read_json(path).get("status") if path.exists() else None
 
 
 def _mb(n) -> str:

@@ -214,11 +214,11 @@ class Watch:
             time.sleep(0.2)
         if self.job.state == "RUNNING":
             self.kill()
-        summary = _summary(self.run_dir)
+        summary = run_record.summary_so_far(self.run_dir)
         if summary.get("status") in ("running", None):
             run_record.update_summary(self.run_dir, status="cancelled", job_id=self.job.job_id,
                                       error="cancelled before the ranks agreed on a stop step")
-            summary = _summary(self.run_dir)
+            summary = run_record.summary_so_far(self.run_dir)
         if summary.get("status") == "completed":
             return f"{name} had completed"
         return (f"{name} cancelled at step {summary.get('steps', 0)}; steps so far are kept in {self.run_dir}; "
@@ -265,7 +265,8 @@ class Watch:
         if silent and error and not self.local and task_ends.srun_first_bad_exit(self.job) == error[0]:
             silent = []  # srun ended them (--kill-on-bad-exit) after the erring rank exited: not a cause
         if not silent and not error and not self.cancelled_by_us:
-            if self.local and self.job.state != "RUNNING" and _summary(self.run_dir).get("status") not in _STOPPED:
+            if (self.local and self.job.state != "RUNNING"
+                    and run_record.summary_so_far(self.run_dir).get("status") not in _STOPPED):
                 silent = task_ends.silent_ranks(self.job, self.run_dir)  # all killed, none said a word (rank 0 first)
             elif srun_end and srun_end[2] in task_ends.SIGNAL_WORDS and (self.state or "").split()[:1] == ["FAILED"]:
                 silent = [srun_end[0]]  # srun saw a signal end it, and no rank said a word
@@ -293,7 +294,7 @@ class Watch:
             self._say_end("FAILED")
             raise RunFailed(f"{job} (run {self.run_dir.name}) failed: rank {rank}: {line} "
                             f"(traceback: {path}; logs: {self.job.paths.folder})")
-        summary = _summary(self.run_dir)
+        summary = run_record.summary_so_far(self.run_dir)
         if summary.get("status") == "cancelled":
             self.failure = Failure("cancelled", restartable=False)
             self._say_end("CANCELLED")
@@ -406,11 +407,6 @@ def wait(watches: list[Watch], poll_s: float = 0.5, on_done=None) -> None:
                   file=sys.stderr, flush=True)
         lines = [w.stop() for w in pending]
         raise RunCancelled("; ".join(lines)) from None
-
-
-def _summary(run_dir: Path) -> dict:
-    path = run_record.summary_path(run_dir)
-    return run_record.read_json(path) if path.exists() else {}
 
 
 def _process(pid: str):

@@ -151,7 +151,7 @@ def run_grouped(labels: list[str], raws: list[dict], key: str, out: Path, progre
     one sweep over ``key``: one ``suite.submit``, whose points share warm ranks where their
     launch allows, named after the members' common name."""
     # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
-    from suite.recipe.text import set_path
+    from suite.recipe.text import get_path, set_path
 
     groups: dict[str, list[int]] = {}
     for i, raw in enumerate(raws):
@@ -166,7 +166,7 @@ def run_grouped(labels: list[str], raws: list[dict], key: str, out: Path, progre
         else:
             sweep = copy.deepcopy(raws[members[0]])
             sweep["name"] = os.path.commonprefix([raws[i]["name"] for i in members]).rstrip("-_.") or sweep["name"]
-            sweep["sweep"] = {key: [_get_path(raws[i], key) for i in members]}
+            sweep["sweep"] = {key: [get_path(raws[i], key) for i in members]}
             set_path(sweep, key, None)
         for i, outcome in zip(members, run_recipe([labels[i] for i in members], sweep, out, progress)):
             outcomes[i] = outcome
@@ -216,19 +216,11 @@ def _point_failed(label: str, folder: str, output: str) -> RunFailed:
     return RunFailed(f"verify: the {label} run failed: {why}")
 
 
-def _get_path(raw: dict, key: str):
-    node = raw
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
 def _status(run_dir: Path) -> str | None:
     # start-up: loads pydantic, suite.record only when this runs
     from suite.record import run_record
 
-    path = run_record.summary_path(run_dir)
-    return run_record.read_json(path).get("status") if path.exists() else None
+    return run_record.summary_so_far(run_dir).get("status")
 
 
 def _losses(run_dir: Path) -> list[float]:
