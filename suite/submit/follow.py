@@ -30,6 +30,10 @@ _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_ME
 _BROKEN = ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 # How a run's ranks can end on their own (summary.json's status), without a failure.
 _STOPPED = ("completed", "cancelled", "preempted")
+# summary.json's statuses once the ranks are through (their job ends a moment later).
+_RANKS_DONE = (*_STOPPED, "failed")
+# How long after submission (or after its ranks wrote their end) a Slurm job has its state asked at every poll.
+QUICK_START_S = 10.0
 
 
 @dataclass
@@ -104,8 +108,29 @@ class Watch:
     def ended(self) -> bool:
         return bool(self.state) and self.state.split()[0] in _ENDED
 
+    def _state_due(self) -> bool:
+        """Whether this poll asks the job's state. A local job's is a look at its process: every
+        poll. Slurm's (``sacct``, a query to its database) is asked every ``state_every_s``, except
+        while a change is about to be seen: in the first ``QUICK_START_S`` after submission before
+        the job is seen running (the local Slurm starts a job within a second of its submission,
+        and a 2 s cadence saw it up to 2 s late), and once the ranks have written their final
+        status (summary.json), for ``QUICK_START_S`` or until Slurm says the job ended (seen up to
+        3 s after the ranks had finished: every short Slurm run, and every test of one, waited)."""
+        now = time.time()
+        if self.state is None or self.local or now - self._state_at >= self.state_every_s:
+            return True
+        if not self._ran and now - self._since < QUICK_START_S:
+            return True
+        try:  # this attempt's summary, written in the last QUICK_START_S (a requeued job may pend for long)
+            written = run_record.summary_path(self.run_dir).stat().st_mtime
+        except OSError:
+            return False
+        if written < self._since or now - written > QUICK_START_S:
+            return False
+        return run_record.summary_so_far(self.run_dir).get("status") in _RANKS_DONE
+
     def _update_state(self) -> None:
-        if time.time() - self._state_at < self.state_every_s and self.state is not None:
+        if not self._state_due():
             return
         self._state_at = time.time()
         if self.local:
