@@ -23,24 +23,25 @@ def _short(candidate, steps: int) -> dict:
 
 
 def run(candidates, raw: dict, steps: int, out: Path, progress=print) -> str:
-    """Each candidate run for ``steps`` steps; the table of predicted against measured."""
+    """Each candidate run for ``steps`` steps; the table of predicted against measured. Candidates
+    that differ only in their strategy run as one sweep (``run_grouped``): one ``suite.submit``,
+    whose points train one after another in the same warm ranks where their strategies allow,
+    as a user's sweep would; the others one submit each."""
     # start-up: loads suite.verify only when this runs
-    from suite.common.errors import RunFailed, SuiteError
-    from suite.verify.runs import run_recipe  # start-up: loads suite.verify only when this runs
+    from suite.common.errors import SuiteError
+    from suite.verify.runs import run_grouped  # start-up: loads suite.verify only when this runs
 
     lines = [f"## Verified: the best {len(candidates)} run for {steps} steps", "",
              "| # | configuration | predicted step ms | measured step ms | measured / predicted | run |",
              "|---|---|---|---|---|---|"]
-    for i, c in enumerate(candidates, 1):
-        progress(f"verify {i}/{len(candidates)}: {c.name}")
-        try:
-            (folder,) = run_recipe([f"advise-{i}"], _short(c, steps), out / "verify", progress)
-            if isinstance(folder, SuiteError):
-                raise folder
-            measured = json.loads((Path(folder) / "summary.json").read_text()).get("step_time_s")
-        except (RunFailed, SuiteError) as e:
-            lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | failed | | {' '.join(str(e).split())[:120]} |")
+    progress(f"verify: the best {len(candidates)}, {steps} steps each: " + ", ".join(c.name for c in candidates))
+    outcomes = run_grouped([f"advise-{i}" for i in range(1, len(candidates) + 1)],
+                           [_short(c, steps) for c in candidates], "strategy", out / "verify", progress)
+    for i, (c, folder) in enumerate(zip(candidates, outcomes), 1):
+        if isinstance(folder, SuiteError):  # RunFailed too: the point's own error line
+            lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | failed | | {' '.join(str(folder).split())[:120]} |")
             continue
+        measured = json.loads((Path(folder) / "summary.json").read_text()).get("step_time_s")
         ratio = f"{measured / c.step_s:.2f}" if measured and c.step_s else ""
         lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | {measured * 1e3:.3g} | {ratio} | {folder} |")
     text = "\n".join(lines) + "\n"
