@@ -64,21 +64,22 @@ def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
 
 # ---- on every rank -------------------------------------------------------------------------
 
-def _op(kind: str, n_bytes: int, world: int, rank: int):
-    """A function making one call of ``kind`` with a message of ``n_bytes`` (fp32 elements)."""
+def _op(kind: str, n_bytes: int, world: int, rank: int, group=None):
+    """A function making one call of ``kind`` with a message of ``n_bytes`` (fp32 elements), over
+    ``group`` (of ``world`` ranks) where given, else over every rank."""
     import torch  # start-up: loads torch, numpy only when this runs
     import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
     n = max(world, n_bytes // 4 // world * world)  # divisible by world: gather/scatter shards
     if kind == "all_reduce":
         buf = torch.ones(n)
-        return lambda: dist.all_reduce(buf)
+        return lambda: dist.all_reduce(buf, group=group)
     if kind == "all_gather":  # message = the output buffer
         out, mine = torch.empty(n), torch.ones(n // world)
-        return lambda: dist.all_gather_into_tensor(out, mine)
+        return lambda: dist.all_gather_into_tensor(out, mine, group=group)
     if kind == "reduce_scatter":  # message = the input buffer
         inp, out = torch.ones(n), torch.empty(n // world)
-        return lambda: dist.reduce_scatter_tensor(out, inp)
+        return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
     if kind == "broadcast":
         buf = torch.ones(n)
         return lambda: dist.broadcast(buf, src=0)
@@ -96,7 +97,7 @@ def _op(kind: str, n_bytes: int, world: int, rank: int):
     raise ValueError(kind)
 
 
-def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None) -> dict:
+def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None, group=None) -> dict:
     """{kind: [(bytes, seconds), ...]}: each size's per-call time, the lower quartile of its calls
     on the slowest rank (a collective ends for the job when its slowest rank is done).
 
@@ -115,7 +116,7 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None)
 
     out = {}
     for kind in kinds:
-        calls = [_op(kind, n_bytes, world, rank) for n_bytes in message_sizes]
+        calls = [_op(kind, n_bytes, world, rank, group) for n_bytes in message_sizes]
         for call in calls:
             for _ in range(WARMUP):  # connections, buffers, the kind's first-call setup
                 call()
@@ -131,7 +132,32 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None)
         dist.all_reduce(quartiles, op=dist.ReduceOp.MAX)
         out[kind] = [(n, float(t)) for n, t in zip(message_sizes, quartiles)]
         if progress:
-            progress(f"  {kind:<15} " + "  ".join(f"{n / 2**10:.0f} KiB {t * 1e3:.3f} ms" for n, t in out[kind]))
+            progress(f"  {kind + (f' in {world}s' if group is not None else ''):<15} " + "  ".join(f"{n / 2**10:.0f} KiB {t * 1e3:.3f} ms" for n, t in out[kind]))
+    return out
+
+
+def group_sizes(world: int) -> list[int]:
+    """The group sizes ``time_in_groups`` times at ``world`` ranks: each divisor from 2 below it."""
+    return [g for g in range(2, world) if world % g == 0]
+
+
+def time_in_groups(message_sizes, world: int, rank: int, progress=None) -> dict:
+    """{group size: {kind: [(bytes, seconds), ...]}}: the collectives of ``POOLED`` over groups
+    of each size of ``group_sizes(world)``, every group calling at once, as a hybrid's groups do
+    (HSDP's shard and replica groups, tensor x data parallel's, a pipeline's stages' data-parallel
+    groups): each rank is in one group of consecutive ranks. ``time_collectives`` over a group's
+    ranks alone leaves the node's other cores idle; with every group calling, the groups share
+    the cores, and on a node with fewer cores than ranks both a call's latency and its bytes'
+    time grow. Measured with gloo, groups of 2 at 4 ranks on 2 cores against 2 ranks alone
+    (2026-11-28): latency 1.6-1.8x (0.16-0.30 ms -> 0.29-0.52 ms), bytes 1.3-2.3x slower
+    (all_gather of 16 MiB 2,967 -> 1,955 MB/s, reduce_scatter of 4 MiB 2,311 -> 991 MB/s), where
+    the time model had assumed 2x and 1x."""
+    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+
+    out = {}
+    for g in group_sizes(world):
+        groups = [dist.new_group(list(range(first, first + g))) for first in range(0, world, g)]  # every rank makes each
+        out[g] = time_collectives(POOLED, message_sizes, g, rank, progress, group=groups[rank // g])
     return out
 
 
@@ -235,8 +261,10 @@ def combined(passes: list[dict]) -> dict:
               for kind, pts in first["points"].items()}
     in_step = {kind: [[median(p["in_step"][kind][j][0] for p in passes), median(p["in_step"][kind][j][1] for p in passes)]
                       for j in range(len(v))] for kind, v in (first.get("in_step") or {}).items()}
+    grouped = {g: {kind: [(n, median(p["grouped"][g][kind][i][1] for p in passes)) for i, (n, _) in enumerate(pts)]
+                   for kind, pts in by_kind.items()} for g, by_kind in (first.get("grouped") or {}).items()}
     bursts = [p["burst"] for p in passes if p.get("burst") is not None]
-    return {**first, "points": points, "in_step": in_step, "burst": median(bursts) if bursts else None,
+    return {**first, "points": points, "grouped": grouped, "in_step": in_step, "burst": median(bursts) if bursts else None,
             "passes": len(passes)}
 
 
@@ -272,6 +300,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
         progress = (lambda line: print(line, flush=True)) if ctx.rank == 0 else None
         speed = [(time.time(), speed_sample())] if ctx.rank == 0 else []  # the others wait in the first call
         points = time_collectives(kinds, message_sizes, ctx.world_size, ctx.rank, progress)
+        grouped = time_in_groups(message_sizes, ctx.world_size, ctx.rank, progress)
         in_step = time_in_step(kinds, ctx.world_size, ctx.rank)
         burst = time_burst(ctx.world_size, ctx.rank)
         if ctx.rank == 0:
@@ -285,7 +314,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
         dist.all_gather_object(hosts, network.node_name())  # Slurm's node names where it runs there
         import torch  # start-up: torch loads on the ranks only
 
-        return {"points": points, "in_step": in_step, "burst": burst, "speed": speed, "hosts": sorted(set(hosts)), "backend": ctx.backend,
+        return {"points": points, "grouped": grouped, "in_step": in_step, "burst": burst, "speed": speed, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
     finally:
         suite_dist.close()
@@ -360,7 +389,7 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
     load_at_start = os.getloadavg()[0] if recipe is None or recipe.launch.executor != "slurm" else None
     worlds = [world] if isinstance(world, int) else list(world)
     message_sizes = sizes(min_bytes, max_bytes)
-    by_world, measured, speed, passes_by_world = {}, None, [], {}
+    by_world, by_group, measured, speed, passes_by_world = {}, {}, None, [], {}
     for w in worlds:
         print(f"timing {', '.join(alpha_beta.MEASURED)} at {w} ranks, {len(message_sizes)} sizes "
               f"{min_bytes / 2**10:.0f} KiB .. {max_bytes / 2**20:.1f} MiB", flush=True)
@@ -384,6 +413,9 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
         by_world[str(w)] = {kind: alpha_beta.fit(kind, w, [tuple(p) for p in points], in_step=in_step.get(kind),
                                                  burst=got.get("burst") if kind in POOLED else None)
                             for kind, points in got["points"].items()}
+        if got.get("grouped"):
+            by_group[str(w)] = {str(g): {kind: alpha_beta.fit(kind, int(g), [tuple(p) for p in points])
+                                         for kind, points in kinds.items()} for g, kinds in got["grouped"].items()}
     print("measuring compute", flush=True)
     cores = len(os.sched_getaffinity(0))
     models = {}
@@ -407,6 +439,8 @@ def calibrate(world: int | list[int] = 2, max_bytes: int = MAX_BYTES, recipe=Non
             "measured_at": time.time(), "load_average_1m": os.getloadavg()[0], "load_average_at_start": load_at_start,
             "took_s": time.perf_counter() - started,
             "compute": compute, "collectives": by_world[str(worlds[0])], "collectives_by_world": by_world,
+            # {world: {group size: fits}}: groups of that size, every group of the world calling at once
+            "collectives_in_groups": by_group,
             "collective_passes": passes_by_world,  # more than 1 where the machine's speed swung (combined)
             # The link class the timed ranks crossed: between nodes where they ran on several.
             "links": {"inter" if len(measured["hosts"]) > 1 else "intra": by_world[str(worlds[0])]},
@@ -452,6 +486,10 @@ def table(calibration: dict) -> str:
         if str(w) != str(calibration.get("world_size")):
             lines.append(f"at {w} ranks: " + ", ".join(f"{kind} α {f['alpha_s'] * 1e6:.0f} µs β {f['beta_bytes_per_s'] / 1e6:.0f} MB/s"
                                                          for kind, f in fits.items()))
+    for w, by_size in (calibration.get("collectives_in_groups") or {}).items():
+        for g, fits in by_size.items():
+            lines.append(f"at {w} ranks in groups of {g}, all at once: " + ", ".join(
+                f"{kind} α {f['alpha_s'] * 1e6:.0f} µs β {f['beta_bytes_per_s'] / 1e6:.0f} MB/s" for kind, f in fits.items()))
     for m in c.get("models", {}).values():
         for r in (m.get("by_ranks_per_node") or {"": m}).values():
             who = f"{r['ranks_per_node']} rank(s) at once, " if "ranks_per_node" in r else ""

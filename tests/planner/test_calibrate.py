@@ -219,6 +219,12 @@ def test_calibrate_with_a_recipe_times_each_world_and_the_model_with_as_many_ran
     assert proc.returncode == 0, proc.stderr
     c = json.loads(out.read_text())
     assert set(c["collectives_by_world"]) == {"2", "4"} and c["collectives"] == c["collectives_by_world"]["2"]
+    # at 4 ranks, also groups of 2 with both groups calling at once (a hybrid's groups); none at 2
+    grouped = c["collectives_in_groups"]
+    assert set(grouped) == {"4"} and set(grouped["4"]) == {"2"}
+    assert set(grouped["4"]["2"]) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert all(f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0 for f in grouped["4"]["2"].values())
+    assert "at 4 ranks in groups of 2, all at once:" in proc.stdout
     (model,) = c["compute"]["models"].values()
     rates = model["by_ranks_per_node"]
     assert set(rates) == {"1", "2", "4"}

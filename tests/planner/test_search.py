@@ -353,6 +353,30 @@ def test_collectives_every_group_calls_at_once_on_shared_cores_are_not_hidden():
     assert fsdp["exposed_comm_s"] == pytest.approx(fsdp["comm_s"] - min(fsdp["comm_s"] / 2, fsdp["compute_s"]))
 
 
+def test_a_groups_bytes_move_at_the_rate_timed_with_every_group_at_once():
+    """HSDP at 4 ranks on 2 cores, with a calibration that also timed groups of 2 with both groups
+    calling at once (``collectives_in_groups``): the shard groups' bytes move at that rate, their
+    latency is still the alone fit's times the cores' ratio; over one group of all 4 ranks (FSDP)
+    the grouped fits play no part."""
+    fits = {k: {"alpha_s": ALPHA_S, "beta_bytes_per_s": BETA} for k in alpha_beta.MEASURED}
+    together = {k: {"alpha_s": 3 * ALPHA_S, "beta_bytes_per_s": BETA / 1.5} for k in ("all_reduce", "all_gather", "reduce_scatter")}
+    cal = {**hand_calibration(fits=fits), "collectives_by_world": {"2": fits, "4": fits},
+           "collectives_in_groups": {"4": {"2": together}}}
+    comm = {"all_gather": (10**6, 8), "reduce_scatter": (10**6, 4), "all_reduce": (10**6, 4)}
+
+    def comm_s(strategy, calibration):
+        recipe = _recipe(strategy, 1, 4)
+        profile = StepProfile(recipe.strategy.name, 4, {}, 0, 10**8, 64, comm_bytes={k: b for k, (b, _) in comm.items()},
+                              comm_calls={k: c for k, (_, c) in comm.items()})
+        return timing.comm_time_s(profile, calibration, timing.options_of(recipe))
+
+    hsdp = comm_s({"name": "fsdp", "replicate": 2}, cal)
+    assert hsdp["all_gather"] == pytest.approx(alpha_beta.call_time_s("all_gather", 2, 10**6, 2 * ALPHA_S, BETA / 1.5, calls=8))
+    without = comm_s({"name": "fsdp", "replicate": 2}, {k: v for k, v in cal.items() if k != "collectives_in_groups"})
+    assert without["all_gather"] == pytest.approx(alpha_beta.call_time_s("all_gather", 2, 10**6, 2 * ALPHA_S, BETA, calls=8))
+    assert comm_s({"name": "fsdp"}, cal) == comm_s({"name": "fsdp"}, {**cal, "collectives_in_groups": {}})
+
+
 def test_a_pipelines_messages_on_shared_cores_cost_what_they_cost_with_every_rank_stepping():
     """Pipeline x dp, 4 ranks on 2 cores: a stage's sends wait for a core the other ranks hold, so they are priced
     with the fits timed at the node's 4 ranks, not at 2 ranks alone; with a core each (4 cores),
