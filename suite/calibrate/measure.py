@@ -10,7 +10,9 @@ so that the planner can turn a ``StepProfile`` into seconds (``suite.planner.tim
   over the median time.
 - collectives: every kind of ``alpha_beta.MEASURED`` at each ``--world-size`` (default 2) over
   message sizes 4 KB .. ``--max-bytes`` (x4 apart), the lower quartile of repetitions of each, then
-  alpha and beta fitted per kind (``alpha_beta.fit``; the formulas and their assumption there).
+  alpha and beta fitted per kind (``alpha_beta.fit``; the formulas and their assumption there);
+  at a world size with divisors from 2, the collectives of ``POOLED`` again over groups of each
+  divisor, every group at once (``time_in_groups``: ``collectives_in_groups``).
 
 Ranks: local (the default, and a RECIPE with launch.executor=local) start as plain processes
 on this machine; launch.executor=slurm submits one job of ``--world-size`` tasks through the
