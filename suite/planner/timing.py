@@ -214,9 +214,11 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     size, link = group_of(kind, options, profile, data)
     f = _fit(kind, size, link, profile, calibration, options)
     alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
-    alpha_s *= _group_slowdown(kind, size, link, profile, calibration, options)
-    # A group's bytes move at the rate timed with the node's groups all at once, where timed.
-    moving = _groups_fit(kind, size, link, profile, calibration, options) or f
+    slowdown = _group_slowdown(kind, size, link, profile, calibration, options)
+    alpha_s *= slowdown
+    # Where the node's groups share its cores, their bytes move at the rate timed with them all at once.
+    moving = (_groups_fit(kind, size, options.get("ranks_per_node") or profile.world_size, calibration)
+              if slowdown > 1 else None) or f
     beta = alpha_beta.beta_of_sizes(moving, kind, (profile.comm_sizes or {}).get(kind), n_bytes / calls)
     return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, beta, calls, trees=calibration.get("backend") == "nccl")
 
@@ -260,24 +262,17 @@ def _message_fits(kind: str, link: str, profile: StepProfile, calibration: dict,
     return _group_fits(calibration, per_node, link)
 
 
-def _groups_fit(kind: str, size: int, link: str, profile: StepProfile, calibration: dict, options: dict) -> dict | None:
-    """The fit of ``kind`` the calibration timed over groups of ``size`` with every group of the
-    node's ranks calling at once (``measure.time_in_groups``), where the node's groups share its
-    cores (``_groups_sharing_cores``); else None."""
-    per_node = options.get("ranks_per_node") or profile.world_size
-    if kind in ("send", "recv") or not _group_fits(calibration, size, link) \
-            or _groups_sharing_cores(calibration, size, per_node, options) <= 1:
-        return None
-    timed = ((calibration.get("collectives_in_groups") or {}).get(str(per_node)) or {}).get(str(size)) or {}
+def _groups_fit(kind: str, size: int, ranks_per_node: int, calibration: dict) -> dict | None:
+    """The fit of ``kind`` the calibration timed over groups of ``size`` with every group of a
+    node's ``ranks_per_node`` ranks calling at once (``measure.time_in_groups``), or None."""
+    timed = ((calibration.get("collectives_in_groups") or {}).get(str(ranks_per_node)) or {}).get(str(size)) or {}
     return timed.get(kind)
 
 
 def _group_slowdown(kind: str, size: int, link: str, profile: StepProfile, calibration: dict, options: dict) -> float:
     """What a call of ``kind`` over its group waits longer than its group's fit says, where the
-    node's other groups call theirs at once on the cores they share: the ratio of the latency
-    timed with every group at once (``_groups_fit``) to the group's alone, else the ratio of the
-    cores a rank gets (``_groups_sharing_cores``; a calibration from before groups were timed).
-    1 for sends and receives, which are staggered, and where the group's size was not timed."""
+    node's other groups call theirs at once on the cores they share (``_groups_sharing_cores``;
+    1 for sends and receives, which are staggered, and where the group's size was not timed)."""
     if kind in ("send", "recv") or not _group_fits(calibration, size, link):
         return 1.0
     return _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size, options)
@@ -293,10 +288,7 @@ def groups_in_lockstep(key: str, profile: StepProfile, calibration: dict, option
     hidden, up to the compute) predicted 17-28 % fast; FSDP over all 4 ranks, one group, as its
     rule predicts."""
     kind, _, data = key.partition("@")
-    size, link = group_of(kind, options, profile, data=bool(data))
-    if kind in ("send", "recv") or not _group_fits(calibration, size, link):
-        return False
-    return _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size, options) > 1
+    return _group_slowdown(kind, *group_of(kind, options, profile, data=bool(data)), profile, calibration, options) > 1
 
 
 def _groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, options: dict) -> float:
