@@ -38,12 +38,24 @@ def test_allreduce_and_zero_1_2_expose_all_communication_unless_ranks_share_core
     for strategy, options in (("allreduce", {}), ("zero", {"stage": 1}), ("zero", {"stage": 2})):
         t = timing.predict_step_time(step_profile(strategy, 4, comm=comm), hand_calibration(cores=4), options)
         assert t["comm_s"] == pytest.approx(expected) and t["exposed_comm_s"] == pytest.approx(expected)
+    for strategy, options in (("zero", {"stage": 1}), ("zero", {"stage": 2})):
         # 4 ranks on 2 cores: while a rank waits in a collective another computes on its core,
         # whatever the strategy's rule: the waiting beyond its core share (1/2), up to the compute.
         shared = timing.predict_step_time(step_profile(strategy, 4, comm=comm), hand_calibration(cores=2), options)
         assert shared["exposed_comm_s"] == pytest.approx(expected - min(expected / 2, shared["compute_s"]))
         busy = timing.predict_step_time(step_profile(strategy, 4, flops=10**5, comm=comm), hand_calibration(cores=2), options)
         assert busy["exposed_comm_s"] == pytest.approx(expected - busy["compute_s"])
+
+
+def test_allreduces_burst_after_backward_hides_nothing_where_ranks_share_cores():
+    """The hand-written all-reduce's calls follow the backward on every rank at once
+    (``Overlap.back_to_back``): at 4 ranks on 2 cores no rank computes while another waits in the
+    burst, so nothing is hidden, with little compute or much."""
+    comm = {"all_reduce": (10**6, 10)}
+    for flops in (10**5, 10**9):
+        t = timing.predict_step_time(step_profile("allreduce", 4, flops=flops, comm=comm), hand_calibration(cores=2), {})
+        assert t["exposed_comm_s"] == pytest.approx(t["comm_s"]) and t["comm_s"] > 0
+        assert t["step_s"] == pytest.approx(t["compute_s"] + t["comm_s"])
 
 
 def test_allreduces_calls_back_to_back_cost_a_call_in_a_burst_and_ddps_a_call_between_compute():
@@ -83,7 +95,7 @@ def test_ddp_hides_nothing_where_ranks_share_cores():
     comm = {"all_reduce": (10**6, 2)}
     shared = timing.predict_step_time(step_profile("ddp", 4, comm=comm), hand_calibration(cores=2), {"device": "cpu"})
     assert shared["exposed_comm_s"] == pytest.approx(shared["comm_s"])
-    blocking = timing.predict_step_time(step_profile("allreduce", 4, comm=comm), hand_calibration(cores=2), {})
+    blocking = timing.predict_step_time(step_profile("zero", 4, comm=comm), hand_calibration(cores=2), {"stage": 2})
     assert blocking["exposed_comm_s"] == pytest.approx(blocking["comm_s"] / 2)
 
 
