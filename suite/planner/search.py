@@ -137,7 +137,8 @@ def search(raw: dict, nodes: int, per_node: int, calibration: dict, memory_bytes
         candidate = _first_fit(raw, label, section, launch, weak_scaling, per_rank, calibration, memory_bytes, steps)
         out.append(candidate)
         if i % 10 == 0 or i == len(sections):
-            progress(f"[{i}/{len(sections)}] candidates sized and timed ({time.monotonic() - started:.0f} s)")
+            progress(f"[{i}/{len(sections)}] candidates sized ({time.monotonic() - started:.0f} s)")
+    _time_all([c for c in out if not c.excluded], calibration, progress)
     _refine(out, calibration, refine, progress)
     return rank(out)
 
@@ -189,8 +190,8 @@ def _first_fit(raw, label, section, launch, weak_scaling, per_rank, calibration,
 
 
 def _size(c: Candidate, calibration: dict, steps: dict) -> None:
-    """The analytic profile and the predicted time of ``c`` (``steps``: the bare model's step by
-    batch, counted once)."""
+    """The analytic profile of ``c`` (``steps``: the bare model's step by batch, counted once);
+    ``_time_all`` times it."""
     # start-up: loads torch, suite.planner only when this runs
     from suite.planner import analytic
 
@@ -200,7 +201,25 @@ def _size(c: Candidate, calibration: dict, steps: dict) -> None:
     if key not in steps:
         steps[key] = analytic.model_step(recipe)
     c.profile = analytic.profile(recipe, recipe.world_size, "the advisor's search", step=steps[key])
-    _time(c, calibration)
+
+
+def _time_all(candidates: list[Candidate], calibration: dict, progress) -> None:
+    """Time the candidates that fit: their models' and strategies' one-rank steps first, all in
+    as few fresh processes as they allow (``model_time.time_all``), then each prediction; one
+    its time model refuses is excluded with the reason."""
+    # start-up: loads torch, suite.planner only when this runs
+    from suite.planner import model_time
+
+    jobs = [job for c in candidates for job in model_time.rate_jobs(calibration, c.recipe, c.recipe.launch.tasks_per_node)]
+    if jobs:
+        started = time.monotonic()
+        model_time.time_all(jobs)
+        progress(f"the models' and strategies' steps timed as one rank ({time.monotonic() - started:.0f} s)")
+    for c in candidates:
+        try:
+            _time(c, calibration)
+        except SuiteError as e:
+            c.excluded = str(e)
 
 
 def _time(c: Candidate, calibration: dict) -> None:

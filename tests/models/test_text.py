@@ -158,10 +158,11 @@ REVERSE = {"model": {"name": "seq2seq", "embedding": 16, "hidden": 32, "dropout"
 
 
 def _learn(sections, tmp_path, steps):
-    # Evaluated once, after the last step (the loop always evaluates the last epoch).
+    # float32, as users train: learning needs no float64 (the parity tests' precision), which
+    # costs several times the time. Evaluated once, after the last step (the loop always evaluates the last epoch).
     training = {**BASE["training"], "epochs": 100, "max_steps": steps, "batch_size": 32, "log_every_steps": 50,
                 "eval_every_epochs": 1000}
-    losses = step_losses(make_recipe({"name": "single"}, **sections, training=training), tmp_path)
+    losses = step_losses(make_recipe({"name": "single"}, 1, "fp32", **sections, training=training), tmp_path)
     return losses, read_metrics(tmp_path, kind="epoch", rank=0)[-1]
 
 
