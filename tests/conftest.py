@@ -17,6 +17,21 @@ os.environ["XDG_CACHE_HOME"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 
+def pytest_sessionstart(session):
+    """Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, set on this project's CI image),
+    every process the tests start (submit, ranks, timing children: thousands) would compile the
+    suite's modules from source again, ~0.1 s each: compile them once, here. Python still checks
+    each file's timestamp, so an edited module is never run stale."""
+    import compileall
+    import sys
+    from pathlib import Path
+
+    if sys.flags.dont_write_bytecode or sys.dont_write_bytecode:
+        root = Path(__file__).resolve().parent.parent
+        for folder in ("suite", "analysis", "benchmarks"):
+            compileall.compile_dir(root / folder, quiet=2)
+
+
 def pytest_report_header(config):
     """Which of torch's CPU kernel sets this run uses: parity must hold under each
     (tests/run_kernel_sets.sh). torch ignores an ATEN_CPU_CAPABILITY the CPU lacks, silently."""
