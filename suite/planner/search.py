@@ -134,6 +134,11 @@ def search(raw: dict, nodes: int, per_node: int, calibration: dict, memory_bytes
                                  f"train, so a step time does not compare; rank it by time to accuracy, or name it "
                                  f"with --strategies to see its step time"))
             continue
+        if strategies is None and _own_loop(section):
+            out.append(Candidate(label, section, excluded="brings its own training loop (TensorFlow's, on the model's "
+                                 "Keras twin): its step is not timed, the torch model's stands in for it, so its "
+                                 "predicted time does not compare; name it with --strategies to see that estimate"))
+            continue
         candidate = _first_fit(raw, label, section, launch, weak_scaling, per_rank, calibration, memory_bytes, steps)
         out.append(candidate)
         if i % 10 == 0 or i == len(sections):
@@ -149,6 +154,15 @@ def _asynchronous(section: dict) -> str:
     from suite.strategies import STRATEGIES
 
     return STRATEGIES[section["name"]].Options.no_parity
+
+
+def _own_loop(section: dict) -> bool:
+    """Whether the strategy trains through a loop of its own, not the suite's engine
+    (``owns_training``: TensorFlow's), which the time model cannot time as one rank."""
+    # start-up: the strategy registry imports torch and every strategy
+    from suite.strategies import STRATEGIES
+
+    return STRATEGIES[section["name"]].Options.owns_training
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
