@@ -302,6 +302,7 @@ def time_all(jobs: list[Job], use_cache: bool = True) -> None:
 
 
 TIMEOUT_S = 300
+RESULT = "model_time result: "  # a result line of the child's stdout, which libraries print to as well
 
 
 def time_in_fresh_process(jobs: list[Job]) -> list[dict]:
@@ -320,7 +321,7 @@ def time_in_fresh_process(jobs: list[Job]) -> list[dict]:
     except subprocess.TimeoutExpired as e:
         out, error = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), \
             f"took over {TIMEOUT_S} s"
-    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    results = [json.loads(line[len(RESULT):]) for line in out.splitlines() if line.startswith(RESULT)]
     left = {"error": f"timing the model failed: {error}"}
     return (results + [left] * len(jobs))[:len(jobs)]
 
@@ -340,7 +341,7 @@ def child() -> None:
     together = request.get("together", 1)
     if together <= 1:
         for recipe, job in zip(recipes_, jobs):
-            print(json.dumps(_step_or_error(recipe, job, None)), flush=True)
+            print(RESULT + json.dumps(_step_or_error(recipe, job, None)), flush=True)
         return
     # Forked before any compute in this fresh process (nothing to inherit but the imports); each
     # copy times every job in turn, the copies starting each job's timed steps together.
@@ -349,13 +350,13 @@ def child() -> None:
         results = [copy[i] for copy in copies]
         failed = next((r for r in results if "error" in r), None)
         if failed:
-            print(json.dumps(failed), flush=True)
+            print(RESULT + json.dumps(failed), flush=True)
             continue
         step_s = statistics.fmean(r["step_s"] for r in results)
         first = dict(results[0])
         if jobs[i].get("stages"):
             first["overhead_s"] = statistics.fmean(r["overhead_s"] for r in results)
-        print(json.dumps({**first, "step_s": step_s, "flops_per_s": first["flops"] / step_s if first["flops"] else None,
+        print(RESULT + json.dumps({**first, "step_s": step_s, "flops_per_s": first["flops"] / step_s if first["flops"] else None,
                           "together": together}), flush=True)
 
 

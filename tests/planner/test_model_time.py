@@ -83,7 +83,9 @@ def test_a_timing_that_fails_is_named_and_the_others_are_kept(tmp_path, monkeypa
     recipe = _recipe({"name": "fsdp"})
     jobs = [model_time.Job(recipe, 1, 2), model_time.Job(recipe, 1, 2, own_strategy=True)]
     # the process timed the first, then died: the second gets the process's last words
-    done = subprocess.CompletedProcess([], 1, stdout='{"step_s": 0.01, "flops": 1e6, "flops_per_s": 1e8, "batch": 32, '
+    # (a library's own printing on the same stdout, a dict among it, is not taken for a result)
+    done = subprocess.CompletedProcess([], 1, stdout="{'train_batch_size': 32}\n" + model_time.RESULT +
+                                       '{"step_s": 0.01, "flops": 1e6, "flops_per_s": 1e8, "batch": 32, '
                                        '"threads": 1, "strategy": "single"}\n', stderr="Traceback\nMemoryError: out\n")
     monkeypatch.setattr(model_time.subprocess, "run", lambda *a, **k: done)
     model_time.time_all(jobs)
