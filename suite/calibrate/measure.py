@@ -486,15 +486,19 @@ def table(calibration: dict) -> str:
         lines.append(f"memory copy: 1 thread {c['copy_bytes_per_s'] / 1e9:.1f} GB/s into a fresh buffer")
     for w, fits in (calibration.get("collectives_by_world") or {}).items():
         if str(w) != str(calibration.get("world_size")):
-            lines.append(f"at {w} ranks: " + ", ".join(f"{kind} α {f['alpha_s'] * 1e6:.0f} µs β {f['beta_bytes_per_s'] / 1e6:.0f} MB/s"
-                                                         for kind, f in fits.items()))
+            lines.append(f"at {w} ranks: " + _fits_text(fits))
     for w, by_size in (calibration.get("collectives_in_groups") or {}).items():
         for g, fits in by_size.items():
-            lines.append(f"at {w} ranks in groups of {g}, all at once: " + ", ".join(
-                f"{kind} α {f['alpha_s'] * 1e6:.0f} µs β {f['beta_bytes_per_s'] / 1e6:.0f} MB/s" for kind, f in fits.items()))
+            lines.append(f"at {w} ranks in groups of {g}, all at once: " + _fits_text(fits))
     for m in c.get("models", {}).values():
         for r in (m.get("by_ranks_per_node") or {"": m}).values():
             who = f"{r['ranks_per_node']} rank(s) at once, " if "ranks_per_node" in r else ""
             lines.append(f"model {r['model']}: {who}rank batch {r['rank_batch']}, {r['threads']} thread(s): "
                          f"{r['flops_per_s'] / 1e9:.2f} GFLOP/s achieved ({r['step_s'] * 1e3:.1f} ms per step)")
     return "\n".join(lines)
+
+
+def _fits_text(fits: dict) -> str:
+    """Each kind's fit on one line: "all_reduce α 515 µs β 1150 MB/s, all_gather ..."."""
+    return ", ".join(f"{kind} α {f['alpha_s'] * 1e6:.0f} µs β {f['beta_bytes_per_s'] / 1e6:.0f} MB/s"
+                     for kind, f in fits.items())

@@ -214,7 +214,12 @@ def timed(recipe, threads: int, together: int = 1, use_cache: bool = True, own_s
     """``time_step`` with ``together`` copies stepping at once (as many as the node's ranks that
     have a core: they share its memory bandwidth and caches), from this host's cache where it
     timed the same model and batch before; RuntimeError where timing it failed."""
-    job = Job(recipe, threads, together, own_strategy, stages)
+    return _result(Job(recipe, threads, together, own_strategy, stages), use_cache)
+
+
+def _result(job: "Job", use_cache: bool = True) -> dict:
+    """``job``'s timing: from the cache where it is there (``time_all`` put it there), else timed
+    now; RuntimeError where timing it failed."""
     cached = _read_cache()
     if use_cache and job.key in cached:
         return {**cached[job.key], "cached": True}
@@ -403,13 +408,13 @@ def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: i
         return calibration
     time_all(jobs)
     single, *own = jobs
-    result = timed(recipe, single.threads, single.together)
+    result = _result(single)
     if not result.get("flops_per_s"):
         return calibration
     overhead_s, strategy, stage_s = 0.0, "single", None
     for job in own:
         try:
-            got = timed(recipe, job.threads, job.together, own_strategy=job.own_strategy, stages=job.stages)
+            got = _result(job)
         except RuntimeError:  # the strategy fails as one rank: its rules alone say what it costs
             continue
         if job.stages:  # a pipeline: its stages, and their wrapper, timed stage by stage (stage_time)

@@ -129,15 +129,8 @@ def search(raw: dict, nodes: int, per_node: int, calibration: dict, memory_bytes
     steps: dict[tuple, dict] = {}
     started, out = time.monotonic(), []
     for i, (label, section) in enumerate(sections, 1):
-        if strategies is None and (why := _asynchronous(section)):
-            out.append(Candidate(label, section, excluded=f"asynchronous ({why}): it does not train what the others "
-                                 f"train, so a step time does not compare; rank it by time to accuracy, or name it "
-                                 f"with --strategies to see its step time"))
-            continue
-        if strategies is None and _own_loop(section):
-            out.append(Candidate(label, section, excluded="brings its own training loop (TensorFlow's, on the model's "
-                                 "Keras twin): its step is not timed, the torch model's stands in for it, so its "
-                                 "predicted time does not compare; name it with --strategies to see that estimate"))
+        if strategies is None and (why := _left_out(section)):
+            out.append(Candidate(label, section, excluded=why))
             continue
         candidate = _first_fit(raw, label, section, launch, weak_scaling, per_rank, calibration, memory_bytes, steps)
         out.append(candidate)
@@ -148,21 +141,22 @@ def search(raw: dict, nodes: int, per_node: int, calibration: dict, memory_bytes
     return rank(out)
 
 
-def _asynchronous(section: dict) -> str:
-    """Why the strategy's updates are asynchronous (its ``no_parity``), or ""."""
+def _left_out(section: dict) -> str:
+    """Why the strategy's predicted step time does not compare with the others', or "": it is
+    asynchronous (its ``no_parity``: it does not train what the others train), or it brings its
+    own training loop (``owns_training``: TensorFlow's), whose step the time model cannot time."""
     # start-up: the strategy registry imports torch and every strategy
     from suite.strategies import STRATEGIES
 
-    return STRATEGIES[section["name"]].Options.no_parity
-
-
-def _own_loop(section: dict) -> bool:
-    """Whether the strategy trains through a loop of its own, not the suite's engine
-    (``owns_training``: TensorFlow's), which the time model cannot time as one rank."""
-    # start-up: the strategy registry imports torch and every strategy
-    from suite.strategies import STRATEGIES
-
-    return STRATEGIES[section["name"]].Options.owns_training
+    options = STRATEGIES[section["name"]].Options
+    if options.no_parity:
+        return (f"asynchronous ({options.no_parity}): it does not train what the others train, so a step time "
+                f"does not compare; rank it by time to accuracy, or name it with --strategies to see its step time")
+    if options.owns_training:
+        return ("brings its own training loop (TensorFlow's, on the model's Keras twin): its step is not timed, "
+                "the torch model's stands in for it, so its predicted time does not compare; name it with "
+                "--strategies to see that estimate")
+    return ""
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:

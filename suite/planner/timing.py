@@ -386,20 +386,19 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in free.items()), window_s)
     if _cores_all_busy(options, profile, calibration):
         hidden_s = 0.0
-    if share < 1 and overlap.share and overlap.window == "backward":
-        # More ranks than cores, and reductions that run behind the rank's own backward (DDP's
-        # buckets, on gloo's thread): every core is computing, so its rule's overlap does not hold
-        # (as with one rank per core), and the rank is not waiting while they run, so no other
-        # rank's compute hides them either. Measured at 4 ranks on 2 cores (mlp, cnn, seq2seq,
-        # autoencoder): with half hidden, DDP was predicted 29-40 % fast; with none, 2-14 %.
-        hidden_s = 0.0
-    elif share < 1 and overlap.back_to_back:
-        # More ranks than cores, and calls that follow the backward on every rank at once (the
-        # hand-written all-reduce, one call per tensor): while one rank waits in the burst the
-        # others are in it too, so no rank computes behind it. Its price per call was timed so, in
-        # a burst on every rank (``alpha_beta.burst_alpha``). Measured at 4 ranks on 2 cores (16
-        # runs, 8 models over three sets): with another rank's compute hiding the calls, predicted
-        # 3-35 % fast, every one; with nothing hidden, -23 .. +4 %.
+    if share < 1 and ((overlap.share and overlap.window == "backward") or overlap.back_to_back):
+        # More ranks than cores, and no rank computes behind these calls:
+        # - reductions that run behind the rank's own backward (DDP's buckets, on gloo's thread):
+        #   every core is computing, so its rule's overlap does not hold (as with one rank per
+        #   core), and the rank is not waiting while they run, so no other rank's compute hides
+        #   them either. Measured at 4 ranks on 2 cores (mlp, cnn, seq2seq, autoencoder): with
+        #   half hidden, DDP was predicted 29-40 % fast; with none, 2-14 %;
+        # - calls that follow the backward on every rank at once (``back_to_back``: the
+        #   hand-written all-reduce, one call per tensor): while one rank waits in the burst the
+        #   others are in it too. Its price per call was timed so, in a burst on every rank
+        #   (``alpha_beta.burst_alpha``). Measured at 4 ranks on 2 cores (16 runs, 8 models over
+        #   three sets): with another rank's compute hiding the calls, predicted 3-35 % fast,
+        #   every one; with nothing hidden, -23 .. +4 %.
         hidden_s = 0.0
     elif share < 1 and not overlap.bubble and not overlap.inside_compute:
         # More ranks than cores: while one rank waits in a collective, another computes on its
