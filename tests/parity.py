@@ -75,6 +75,11 @@ def step_losses(recipe, run_dir: Path, timeout_s: float = 240) -> list[float]:
     """Run the recipe on forked ranks; the global loss of each step, as the run record has it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     run_ranks(rank_task.train, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
+    return step_losses_of(run_dir)
+
+
+def step_losses_of(run_dir: Path) -> list[float]:
+    """The global loss of each step a run recorded (rank 0's step records)."""
     steps = read_metrics(run_dir, kind="step", rank=0)
     return [s["global_loss"] for s in sorted(steps, key=lambda s: s["step"])]
 

@@ -80,6 +80,10 @@ TF_REFUSES = (
 class TFOptions(StrategyOptions):
     """A TensorFlow strategy: the rank hands it the run (``owns_training``)."""
     owns_training: ClassVar[bool] = True
+    # A repeat (a sweep's next point) trains in the same process, TensorFlow already imported
+    # (most of a short run's time), where it asks for the same threads and devices
+    # (``process_state``): TensorFlow fixes them when it starts. Not tf_multiworker.
+    reusable_process: ClassVar[bool] = True
     refuses: ClassVar = TF_REFUSES
     no_fp64: ClassVar[str] = "TensorFlow's strategies train the Keras model in float32"
     one_process: ClassVar[bool] = True  # tf_multiworker: one worker per rank instead
@@ -95,6 +99,13 @@ class TFOptions(StrategyOptions):
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:
         return []  # nothing to choose
+
+    def cpu_devices(self) -> int:
+        """Logical CPU devices the process is given where it has no GPU (``start_tf``)."""
+        return 1
+
+    def process_state(self, launch) -> tuple:
+        return ("tensorflow", launch.cpus_per_task, self.cpu_devices())
 
     def check(self, layout, model) -> None:
         if importlib.util.find_spec("tensorflow") is None:
@@ -112,23 +123,38 @@ class MirroredOptions(TFOptions):
     logical CPU devices (see ``tf_mirrored``)."""
     cpu_replicas: PositiveInt = 2  # logical CPU devices to mirror over when the host has no GPU
 
+    def cpu_devices(self) -> int:
+        return self.cpu_replicas
+
     def mirrored(self, tf):
         return tf.distribute.MirroredStrategy()
 
 
 # ---- the rank's TensorFlow -----------------------------------------------------------------------
 
+_STARTED: list = []  # the (threads, cpu_devices) TensorFlow was started with in this process
+
+
 def start_tf(threads: int, cpu_devices: int = 1):
     """Import TensorFlow configured before its runtime starts (afterwards it refuses changes):
-    this rank's thread budget and, for one-process mirroring on a CPU, ``cpu_devices`` logical CPUs."""
+    this rank's thread budget and, for one-process mirroring on a CPU, ``cpu_devices`` logical CPUs.
+    A later run in the same warm process finds it started as it asks (the pool gives a run that
+    asks otherwise a new process: ``process_state``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no C++ info lines in the run's log
     # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
     import tensorflow as tf
+    if _STARTED:
+        if _STARTED[0] != (threads, cpu_devices):
+            raise SuiteError(f"TensorFlow in this process was started with (threads, cpu devices) {_STARTED[0]}, and "
+                             f"this run asks for {(threads, cpu_devices)}; it cannot change them (an internal error: "
+                             f"the run should have been given a process of its own)")
+        return tf
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     if cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_devices)
+    _STARTED.append((threads, cpu_devices))
     return tf
 
 
@@ -310,6 +336,7 @@ def _start(recipe, ctx, make_strategy, cpu_devices: int, clip: float | None = No
     if clip is not None and strategy is not None:
         raise SuiteError(f"strategy.name={recipe.strategy.name}: Keras would clip each replica's gradients, "
                          f"not their sum's (an internal error: this recipe should have been refused)")
+    keras.backend.clear_session()  # nothing of an earlier run in this warm process (its layers' names)
     keras.utils.set_random_seed(recipe.training.seed)
     with strategy.scope() if strategy else _no_scope():
         model, optimizer = build_model(recipe), build_optimizer(recipe, clip)

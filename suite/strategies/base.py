@@ -86,6 +86,12 @@ class StrategyOptions(BaseModel):
         """Refuse launch settings this strategy cannot run on (the recipe's ``launch`` section),
         e.g. more than one node for a strategy that shares memory between its ranks."""
 
+    def process_state(self, launch) -> tuple:
+        """What a point of this strategy fixes in its rank's process for good, which a later point
+        in the same warm process (``reusable_process``) must share to run there (``suite.submit.
+        pool``): () where nothing. TensorFlow's threads and logical devices, once it has started."""
+        return ()
+
     # The planner's optional rules: bytes beside what a rank holds, none unless a strategy says so.
 
     def copy_bytes(self, comm_bytes: dict[str, int], layout: Layout) -> int:

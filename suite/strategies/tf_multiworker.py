@@ -18,6 +18,8 @@ from suite.strategies._tensorflow import TFOptions, train_loop, write_tf_config
 class Options(TFOptions):
     name: Literal["tf_multiworker"] = "tf_multiworker"
     one_process: ClassVar = False
+    # Its collective ops and TF_CONFIG's cluster are set once per process: a new process per run.
+    reusable_process: ClassVar = False
 
 
 def train(opts: Options, recipe, ctx, train_set, val_set, log):

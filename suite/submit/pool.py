@@ -15,8 +15,9 @@ to it. Protocol, in that folder's ``points-<id>/`` (one per pool: a resumed run 
 - ``<i>.rank<k>.done``: rank k is through point i (completed, failed or cancelled).
 A rank whose point fails or is cancelled ends the pool (a failed rank's peers may be stuck in a
 collective, and the follower kills the job); so does a point of a strategy whose library keeps
-process-wide state (DeepSpeed, fairscale). ``suite.submit`` then starts a new pool for the points
-left. The pool's time limit is the sum of its points' ``launch.timeout_min``. Modules an earlier
+process-wide state (DeepSpeed, fairscale), and a point that asks for what an earlier one fixed
+for the process otherwise (``process_state``: TensorFlow's threads and logical devices).
+``suite.submit`` then starts a new pool for the points left. The pool's time limit is the sum of its points' ``launch.timeout_min``. Modules an earlier
 point imported stay loaded, so a later point's peak memory may include them (each point's peak
 is otherwise its own: it is reset when the point starts).
 """
@@ -54,6 +55,7 @@ class Pool:
         self.handed = 0  # points handed over so far
         self.used_min = 0
         self.open = True  # False once a point ended it (failed, cancelled, not reusable)
+        self.state: tuple = ()  # what a point fixed in the ranks' processes for good (``process_state``)
 
     @classmethod
     def start(cls, run_dir: Path, launches: list, strategies: list[str], modules: list = ()) -> "Pool":
@@ -73,8 +75,10 @@ class Pool:
     def takes(self, recipe) -> bool:
         """Whether the next point can run in this pool (same launch shape, pool still serving)."""
         fields = _fields(recipe.launch)
+        state = recipe.strategy.process_state(recipe.launch)
         return (self.open and self.job.state == "RUNNING" and {k: fields[k] for k in _SHAPE} == self.shape
-                and self.used_min + fields["timeout_min"] <= self.timeout_min)
+                and self.used_min + fields["timeout_min"] <= self.timeout_min
+                and not (self.state and state and state != self.state))
 
     def hand_over(self, recipe, run_dir: Path) -> int:
         """Give the ranks their next point; returns its index."""
@@ -86,6 +90,7 @@ class Pool:
             "recipe": recipe.model_dump(mode="json"), "run_dir": str(run_dir), "master_port": free_port()})
         self.handed += 1
         self.used_min += recipe.launch.timeout_min
+        self.state = self.state or recipe.strategy.process_state(recipe.launch)
         if not recipe.strategy.reusable_process:
             self.open = False
         return i

@@ -43,6 +43,12 @@ def test_cpu_profile_runs_every_arm_and_repeat_through_submit(finished):
     for p in runs:  # 7 epochs of 1,438 digits // 32 per step (the last partial batch is dropped)
         s = read_json(p)
         assert s["status"] == "completed" and s["data"] == "digits" and s["steps"] == 7 * 44
+    # An arm's repeats train in one warm process, TensorFlow's too (its import is most of a run)
+    pids: dict = {}
+    for p in runs:
+        arm = yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"]
+        pids.setdefault(arm, set()).add(read_json(p.parent / "ranks" / "rank0.json")["pid"])
+    assert all(len(pids[arm]) == 1 for arm in ("tf_single", "tf_mirrored", "tf_mirrored_loop", "single")), pids
     assert sorted(p.name for p in (folder / "recipes").iterdir()) == [
         "allreduce.yaml", "ddp.yaml", "mpi.yaml", "single.yaml", "tf_mirrored.yaml", "tf_mirrored_loop.yaml", "tf_single.yaml"]
 

@@ -16,6 +16,9 @@ each run's time (~10 s per process).
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -24,12 +27,13 @@ import yaml
 
 from analysis import runs as analysis_runs
 from analysis import tables
+from suite import recipe as recipes
 from suite.common.errors import SuiteError
 from suite.record.run_record import read_summary
 from suite.strategies import _tensorflow
 from suite.train import rank as train_rank
 from tests.harness import run_ranks
-from tests.parity import assert_matches, make_recipe, step_losses
+from tests.parity import assert_matches, make_recipe, step_losses, step_losses_of
 
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
 needs_tf = pytest.mark.skipif(not HAVE_TF, reason='tensorflow is not installed: pip install -e ".[tensorflow]"')
@@ -89,15 +93,37 @@ def test_learns_as_torch_single_and_reports(keras_mlp_runs, strategy):
     assert rows[0]["samples_per_s"] > 0
 
 
+def _submit_sweep(tmp_path, strategies: list[str]) -> list[Path]:
+    """The strategies as the points of one ``suite.submit`` sweep (warm ranks: suite/submit/pool.py),
+    as a user runs it; their run folders in the order they ran."""
+    raw = yaml.safe_load(recipes.dump(make_recipe({"name": strategies[0]}, 1, **SGD_NO_DROPOUT)))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**raw, "sweep": {"strategy.name": strategies}}))
+    proc = subprocess.run([sys.executable, "-m", "suite.submit", str(path), "--out", str(tmp_path / "sweep")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    found = [p for p in (tmp_path / "sweep").iterdir() if (p / "job.json").exists()]
+    return sorted(found, key=lambda p: json.loads((p / "job.json").read_text())["submitted_at"])
+
+
+def _pid(run_dir: Path) -> int:
+    return json.loads((run_dir / "ranks" / "rank0.json").read_text())["pid"]
+
+
 @needs_tf
 @pytest.mark.timeout(900)  # four TF processes (two of them workers of one run), ~140 s on a loaded machine
 def test_mirrored_replicas_repeat_tf_single_steps(tmp_path):
+    """tf_mirrored and tf_mirrored_loop run as one sweep: the second in the process the first ran
+    in, TensorFlow already started (``reusable_process``), and still repeats tf_single's steps."""
     left = lambda: set(Path(tempfile.gettempdir()).glob("__autograph_generated_file*"))  # noqa: E731
     before = left()
     baseline = step_losses(make_recipe({"name": "tf_single"}, 1, **SGD_NO_DROPOUT), tmp_path / "single")
-    for strategy in ("tf_mirrored", "tf_mirrored_loop", "tf_multiworker"):
-        recipe = make_recipe({"name": strategy}, WORLD[strategy], **SGD_NO_DROPOUT)
-        assert_matches(step_losses(recipe, tmp_path / strategy, timeout_s=300), baseline, tolerance=TF_TOLERANCE)
+    mirrored, loop = _submit_sweep(tmp_path, ["tf_mirrored", "tf_mirrored_loop"])
+    assert _pid(mirrored) == _pid(loop)
+    for run_dir in (mirrored, loop):
+        assert_matches(step_losses_of(run_dir), baseline, tolerance=TF_TOLERANCE)
+    recipe = make_recipe({"name": "tf_multiworker"}, WORLD["tf_multiworker"], **SGD_NO_DROPOUT)
+    assert_matches(step_losses(recipe, tmp_path / "multiworker", timeout_s=300), baseline, tolerance=TF_TOLERANCE)
     # Keras fit and tf.function loops, on ranks that end with os._exit: autograph's files are gone.
     assert left() - before == set()
 

@@ -72,6 +72,33 @@ def test_after_a_strategy_with_process_wide_state_the_next_point_gets_new_ranks(
     assert set(rank_pids(zero)).isdisjoint(rank_pids(ddp))
 
 
+def test_a_point_that_asks_a_process_for_other_fixed_settings_gets_new_ranks(tmp_path):
+    """TensorFlow fixes its threads and logical devices when it starts: a TF point after one with
+    other settings goes to a new pool, one with the same settings (or a torch point) to this one."""
+    from types import SimpleNamespace
+
+    from suite.recipe import validate
+    from suite.submit.pool import _SHAPE, Pool
+
+    def recipe(strategy: dict):
+        return validate({"name": "p", "model": {"name": "mlp", "hidden": [8]}, "data": {"name": "digits"},
+                         "training": {"epochs": 1, "batch_size": 32}, "strategy": strategy,
+                         "launch": {"executor": "local", "tasks_per_node": 1}})
+
+    mirrored = recipe({"name": "tf_mirrored"})
+    shape = {k: mirrored.launch.model_dump()[k] for k in _SHAPE}
+    pool = Pool(SimpleNamespace(state="RUNNING"), tmp_path / "submitit" / "points", shape, timeout_min=10**6)
+    pool.points.mkdir(parents=True)
+    (tmp_path / "run0").mkdir()
+    pool.hand_over(mirrored, tmp_path / "run0")
+    assert pool.open and pool.state == mirrored.strategy.process_state(mirrored.launch)
+    assert pool.takes(recipe({"name": "tf_mirrored_loop"}))  # the same 2 logical devices
+    assert pool.takes(recipe({"name": "single"}))  # torch fixes nothing
+    assert not pool.takes(recipe({"name": "tf_mirrored", "cpu_replicas": 4}))
+    assert not pool.takes(recipe({"name": "tf_single"}))  # 1 device
+    assert not STRATEGIES["tf_multiworker"].Options.reusable_process  # its cluster is set once per process
+
+
 FAULTY = '''
 import torch
 from torch import nn
