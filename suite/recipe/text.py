@@ -175,7 +175,8 @@ def _label(key: str, value, values: list) -> str:
 def _section_label(value: dict, values: list[dict]) -> str:
     kin = [v for v in values if v.get("name") == value.get("name")]  # the same strategy (model, ...), other options
     telling = [k for k in value if k != "name" and len({repr(v.get(k, "-")) for v in kin}) > 1]
-    return "_".join([str(value.get("name", ""))] + [f"{k}{value[k]}" for k in telling]).strip("_")
+    return "_".join([str(value.get("name", ""))] + [f"{k}{value[k]:g}" if isinstance(value[k], float) else f"{k}{value[k]}"
+                                                      for k in telling]).strip("_")
 
 
 def _flatten(sweep: dict, prefix: str = "") -> dict:

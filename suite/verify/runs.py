@@ -50,16 +50,17 @@ def certify_each(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
                  f"steps, {precision} ({why})")
     labels = [f"strategy {recipe.strategy.name}" for recipe, *_ in plans]
     strategy_runs = run_grouped(labels, [raw for *_, raw in plans], "strategy", Path(out), progress)
-    baselines: dict = {}  # the single recipe (as YAML text) -> (its two runs, their losses), or their error
+    # the single recipe (as YAML text) -> (its two runs, their losses), or their error
+    baselines = _baselines([(_as_single(raw), precision) for (_, precision, _, raw), run in zip(plans, strategy_runs)
+                            if not isinstance(run, SuiteError)],
+                           next((Path(r) / "verify" for r in strategy_runs if not isinstance(r, SuiteError)), None),
+                           progress)
     outcomes = []
     for (recipe, precision, why, raw), run in zip(plans, strategy_runs):
         if isinstance(run, SuiteError):
             outcomes.append(run)
             continue
-        one = _as_single(raw)
-        key = yaml.safe_dump({**one, "name": None}, sort_keys=True)
-        if key not in baselines:
-            baselines[key] = _baselines(one, precision, Path(run) / "verify", progress)
+        key = _key(_as_single(raw))
         if isinstance(baselines[key], SuiteError):
             outcomes.append(baselines[key])
             continue
@@ -81,15 +82,29 @@ def certify_each(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
     return outcomes
 
 
-def _baselines(one: dict, precision: str, out: Path, progress):
-    """``single`` and its floor (one sweep) into ``out``: ({role: run folder}, {role: losses}), or
-    the error that ended them."""
-    floor = {**one, "name": one["name"] + "-floor",
-             "training": {**one["training"], "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF[precision]}}
-    found = dict(zip(("single", "floor"), run_grouped(["single", "floor"], [one, floor], "training.init_perturbation",
-                                                      out, progress)))
-    error = next((f for f in found.values() if isinstance(f, SuiteError)), None)
-    return error or (found, {role: _losses(Path(folder)) for role, folder in found.items()})
+def _key(one: dict) -> str:
+    return yaml.safe_dump({**one, "name": None}, sort_keys=True)
+
+
+def _baselines(singles: list[tuple[dict, str]], out: Path | None, progress) -> dict:
+    """``single`` and its floor for each distinct (single recipe, precision) into ``out``: by the
+    recipe's ``_key``, ({role: run folder}, {role: losses}) or the error that ended them. They
+    differ in their ``training`` section only (precision, the floor's nudge): one sweep, one
+    ``suite.submit``, whatever the precisions the strategies were judged in."""
+    wanted = {_key(one): (one, precision) for one, precision in singles}
+    labels, raws = [], []
+    for one, precision in wanted.values():
+        floor = {**one, "name": one["name"] + "-floor",
+                 "training": {**one["training"], "init_perturbation": NUDGE_ULPS * UNIT_ROUNDOFF[precision]}}
+        labels += [f"single {precision}", f"floor {precision}"] if len(wanted) > 1 else ["single", "floor"]
+        raws += [one, floor]
+    runs = run_grouped(labels, raws, "training", out, progress) if raws else []
+    done = {}
+    for i, key in enumerate(wanted):
+        found = dict(zip(("single", "floor"), runs[2 * i:2 * i + 2]))
+        error = next((f for f in found.values() if isinstance(f, SuiteError)), None)
+        done[key] = error or (found, {role: _losses(Path(folder)) for role, folder in found.items()})
+    return done
 
 
 def dropout_of(recipe) -> str:

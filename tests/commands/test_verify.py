@@ -208,5 +208,8 @@ def test_every_strategy_that_can_run_a_torchvision_model_named_by_target_is_equi
     # ZeRO cannot train in float64: judged in float32 against the float32 floor, and says why
     (zero,) = [c for c in certs if c["strategy"] == "zero"]
     assert "float32 master copies" in zero["why_precision"], zero["why_precision"]
+    # single and the floor of both precisions ran as one sweep (one submit, one pool of warm ranks)
+    baselines = {Path(c["runs"][role]) for c in certs for role in ("single", "floor")}
+    assert len(baselines) == 4 and len({(p / "submitit").resolve() for p in baselines}) == 1, baselines
     # the strategies that cannot run it say why, one line each: not an nn.Sequential to cut, no tensor layout
     assert "skipped pipeline:" in proc.stderr and "skipped tensor:" in proc.stderr, proc.stderr
