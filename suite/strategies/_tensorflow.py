@@ -126,6 +126,13 @@ class MirroredOptions(TFOptions):
     def cpu_devices(self) -> int:
         return self.cpu_replicas
 
+    def check(self, layout, model) -> None:
+        super().check(layout, model)
+        if layout.batch_size % self.cpu_replicas:  # Keras splits 32 as 11/11/10; its all-reduce then fails
+            raise SuiteError(f"strategy.name={self.name} splits each batch over strategy.cpu_replicas="
+                             f"{self.cpu_replicas} replicas on a CPU, which must divide training.batch_size="
+                             f"{layout.batch_size}; set strategy.cpu_replicas to a divisor of it (e.g. 2)")
+
     def mirrored(self, tf):
         return tf.distribute.MirroredStrategy()
 

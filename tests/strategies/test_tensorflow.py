@@ -142,6 +142,8 @@ def test_refusals_name_the_key():
         make_recipe({"name": "tf_mirrored"}, 2, **KERAS_MLP)
     with pytest.raises(SuiteError, match="model.name=mlp only.*model.name=cnn"):
         make_recipe({"name": "tf_single"}, 1, **{**KERAS_MLP, "model": {"name": "cnn"}})
+    with pytest.raises(SuiteError, match=r"cpu_replicas=3 .* must divide training.batch_size=32"):  # Keras: 11/11/10
+        make_recipe({"name": "tf_mirrored_loop", "cpu_replicas": 3}, 1, **KERAS_MLP)
     with pytest.raises(SuiteError, match="tf_single does not support training.max_steps=5"):  # at validation
         make_recipe({"name": "tf_single"}, 1, **{**KERAS_MLP, "training": {**KERAS_MLP["training"], "max_steps": 5}})
 
