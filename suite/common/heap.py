@@ -1,5 +1,5 @@
 """Freed memory kept in the process's heap, for a CPU rank: the one allocator rule the ranks follow
-(``suite.train.dist``) and the planner's model timing copies (``suite.planner.model_time``), so
+(``suite.train.dist``) and the planner's model timing copies (``suite.planner.model_rate``), so
 that a prediction times the model as the run will step it.
 
 glibc's malloc hands a large block back to the kernel when it is freed: anything of 128 KiB and up

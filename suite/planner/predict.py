@@ -14,7 +14,7 @@ the strategy's collectives and buffers by its rule), not the fake run of the who
 run and every point of a sweep would pay. ``source`` says which. The step time needs a
 calibration of this host (``python -m suite.calibrate``, once, no recipe); without one only bytes
 are predicted and ``notes`` says so. The model's compute is timed here: a few steps of its
-one-rank step at the rank's batch (``suite.planner.model_time``, cached per host), never the
+one-rank step at the rank's batch (``suite.planner.model_time``; cached per host: ``model_rate``), never the
 run's own steps.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def prediction(recipe, calibration: dict | None = None) -> dict:
 
 def _prediction(recipe, calibration):
     # start-up: loads pydantic, suite.common, suite.planner, suite.record only when this runs
-    from suite.planner import analytic, calibration as stored, hardware, model_time, timing
+    from suite.planner import analytic, calibration as stored, hardware, model_rate, timing
 
     # Not the fake run: see the module's docstring.
     profile = analytic.profile(recipe, recipe.world_size, "the run's own prediction (no fake run of the strategy)")
@@ -45,7 +45,7 @@ def _prediction(recipe, calibration):
         return out
     options = timing.options_of(recipe)
     # The model's own compute, timed now at this rank's batch and threads (never this run's steps).
-    calibration = model_time.with_model_rate(calibration, recipe, options["model"], options["ranks_per_node"])
+    calibration = model_rate.with_model_rate(calibration, recipe, options["model"], options["ranks_per_node"])
     t = timing.predict_step_time(profile, calibration, options)
     out.update(step_time_s=t["step_s"], samples_per_s=t["samples_per_s"], compute_s=t["compute_s"],
                copy_s=t["copy_s"], comm_s=t["comm_s"], exposed_comm_s=t["exposed_comm_s"], calibration=calibration.get("key"),

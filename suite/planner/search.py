@@ -213,15 +213,15 @@ def _size(c: Candidate, calibration: dict, steps: dict) -> None:
 
 def _time_all(candidates: list[Candidate], calibration: dict, progress) -> None:
     """Time the candidates that fit: their models' and strategies' one-rank steps first, all in
-    as few fresh processes as they allow (``model_time.time_all``), then each prediction; one
+    as few fresh processes as they allow (``model_rate.time_all``), then each prediction; one
     its time model refuses is excluded with the reason."""
     # start-up: loads torch, suite.planner only when this runs
-    from suite.planner import model_time
+    from suite.planner import model_rate
 
-    jobs = [job for c in candidates for job in model_time.rate_jobs(calibration, c.recipe, c.recipe.launch.tasks_per_node)]
+    jobs = [job for c in candidates for job in model_rate.rate_jobs(calibration, c.recipe, c.recipe.launch.tasks_per_node)]
     if jobs:
         started = time.monotonic()
-        model_time.time_all(jobs)
+        model_rate.time_all(jobs)
         progress(f"the models' and strategies' steps timed as one rank ({time.monotonic() - started:.0f} s)")
     for c in candidates:
         try:
@@ -232,11 +232,11 @@ def _time_all(candidates: list[Candidate], calibration: dict, progress) -> None:
 
 def _time(c: Candidate, calibration: dict) -> None:
     # start-up: loads torch, suite.planner only when this runs
-    from suite.planner import model_time, timing
+    from suite.planner import model_rate, timing
 
     options = timing.options_of(c.recipe)
     options["ranks_per_node"] = c.recipe.launch.tasks_per_node
-    calibration = model_time.with_model_rate(calibration, c.recipe, options["model"], options["ranks_per_node"])
+    calibration = model_rate.with_model_rate(calibration, c.recipe, options["model"], options["ranks_per_node"])
     c.time = timing.predict_step_time(c.profile, calibration, options)
 
 

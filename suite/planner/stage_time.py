@@ -1,5 +1,5 @@
 """A pipeline rank's compute, timed stage by stage as a process group of one
-(``suite.planner.model_time`` runs it in a fresh interpreter and caches it): each stage's own step,
+(``suite.planner.model_rate`` runs it in a fresh interpreter and caches it): each stage's own step,
 and what the data-parallel wrapper on its stage (``strategy.stage_wrapper``: FSDP2's
 ``fully_shard`` or ``replicate`` with ``dp`` > 1) adds to it.
 

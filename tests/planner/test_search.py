@@ -6,7 +6,7 @@ import json
 import pytest
 
 from suite import recipe as recipes
-from suite.planner import alpha_beta, analytic, hardware, model_time, pipeline_time, search, timing
+from suite.planner import alpha_beta, analytic, hardware, model_rate, model_time, pipeline_time, search, timing
 from suite.planner.predict import prediction
 from suite.planner.profile import StepProfile
 from suite.strategies.splitting import balanced_split
@@ -151,7 +151,7 @@ def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(
            "compute": {"cores": 2, "peak_flops_per_s_by_threads": {"1": 1e15, "2": 2e15}}}  # an absurd peak, unused
     got = prediction(recipe, cal)
     assert "timed at rank batch 32 on 1 thread(s) when predicted, 2 stepping at once" in got["rate"], got
-    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_time.CACHE_FILE).read_text())
+    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
     by_strategy = {e["strategy"]: e for e in cached.values()}
     assert set(by_strategy) == {"single", "fsdp"}  # the model's own step, and FSDP's code around it as one rank
     for entry in by_strategy.values():
@@ -162,8 +162,8 @@ def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(
     assert got["compute_s"] == pytest.approx(by_strategy["single"]["step_s"] + overhead, rel=1e-6)
     assert got["copy_s"] == 0.0
     # Timed once: a second prediction of the same model and batch reads the cache.
-    assert model_time.timed(recipe, 1, 2)["cached"] is True
-    assert model_time.timed(recipe, 1, 2, own_strategy=True)["cached"] is True
+    assert model_rate.timed(recipe, 1, 2)["cached"] is True
+    assert model_rate.timed(recipe, 1, 2, own_strategy=True)["cached"] is True
     # A calibration begun on a busy machine: the prediction (a run's summary, submit --dry-run) says so.
     assert "calibration_busy_load" not in got and not any("busy" in n for n in got["notes"])
     busy = prediction(recipe, {**cal, "load_average_at_start": 1.36})
@@ -195,10 +195,10 @@ def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_pa
     assert plain.strategy.stage_wrapper(plain.layout()) is None  # dp 1: nothing wraps a stage
     recipe = _recipe({"name": "pipeline", "stages": 2, "dp": 2, "micro_batches": 2}, 1, 4, model)
     key = timing.model_key(recipe)
-    got = model_time.with_model_rate(hand_calibration(cores=2), recipe, key, 4)
+    got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, 4)
     entry = got["compute"]["models"][key]
     assert entry["strategy"] == "pipeline" and entry["overhead_s"] > 0, entry
-    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_time.CACHE_FILE).read_text())
+    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
     (stages,) = [e for e in cached.values() if "stage" in e]
     assert stages["stage"] in (0, 1) and stages["wrapped_s"] > stages["plain_s"] > 0
     options = {**timing.options_of(recipe), "model": key}
@@ -222,7 +222,7 @@ def test_a_pipelines_compute_is_its_busiest_stage_timed_alone_through_its_own_sc
         recipe = _recipe({"name": "pipeline", "stages": 2, "micro_batches": 2, "schedule": schedule}, 1, 2, model)
         assert recipe.strategy.stage_schedule(recipe.layout()) == schedule
         key = timing.model_key(recipe)
-        got = model_time.with_model_rate(hand_calibration(cores=2), recipe, key, 2)
+        got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, 2)
         entry = got["compute"]["models"][key]
         assert entry["strategy"] == "pipeline" and entry["overhead_s"] == 0.0  # dp 1: no wrapper
         assert len(entry["stage_s"]) == 2 and min(entry["stage_s"]) > 0, entry
