@@ -48,7 +48,7 @@ overlap: every strategy's own rule (``overlap`` on its options class, ``suite.st
 Overlap``; docs/architecture.md, "A strategy's rules"): the share of each collective kind's time
 hidden under backward or the whole step, and whether stages idle in a pipeline's bubble. A
 strategy that declares none is refused. On a CPU node with exactly one rank per core nothing is
-hidden whatever the rule (``_cores_all_busy``).
+hidden whatever the rule (``cores_all_busy``).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from suite.common.errors import SuiteError
 from suite.common.threads import rank_threads
-from suite.planner import alpha_beta, hardware, pipeline_schedule
+from suite.planner import alpha_beta, groups, pipeline_schedule
 from suite.planner.pipeline_time import (busiest_or_balanced, neighbour_ratio, path_calls_factor,
                                          pipeline_bubble, pipelined_compute_s)
 from suite.planner.profile import StepProfile
@@ -127,7 +127,7 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
     cores = c["cores"]
     threads = rank_threads(cores, ranks_per_node, cpus_per_task)
     peak = by_threads.get(threads) or by_threads[max(by_threads)]
-    share = core_share(cores, ranks_per_node, threads)
+    share = groups.core_share(cores, ranks_per_node, threads)
     m = (c.get("models") or {}).get(model) if model else None
     together = ((m or {}).get("by_ranks_per_node") or {}).get(str(max(1, ranks_per_node)))
     if together and together.get("threads", threads) == threads:  # measured with as many ranks stepping at once
@@ -144,12 +144,6 @@ def compute_rate(calibration: dict, ranks_per_node: int, model: str | None = Non
     return peak * share, f"matmul peak at {threads} thread(s)" + (f" x core share {share:.2f}" if share < 1 else "")
 
 
-def core_share(cores: int, ranks_per_node: int, threads: int = 1) -> float:
-    """The share of its threads' cores a rank gets: 1, or less when the node's ranks run more
-    threads than it has cores (they share them)."""
-    return min(1.0, cores / (max(1, ranks_per_node) * threads))
-
-
 def copy_time_s(profile: StepProfile, calibration: dict, ranks_per_node: int) -> float:
     """Seconds per step of the strategy's memory copies (``StepProfile.copy_bytes``), at one
     thread's copy rate."""
@@ -157,27 +151,7 @@ def copy_time_s(profile: StepProfile, calibration: dict, ranks_per_node: int) ->
     rate = c.get("copy_bytes_per_s")
     if not profile.copy_bytes or not rate or c.get("per_device"):  # a GPU's copies: at memory bandwidth, not modelled
         return 0.0
-    return profile.copy_bytes / (rate * core_share(c["cores"], ranks_per_node))
-
-
-def group_of(kind: str, options: dict, profile: StepProfile, data: bool = False) -> tuple[int, str]:
-    """(ranks in the group a collective of ``kind`` runs over, ``inter`` where it spans nodes
-    else ``intra``): the mesh axes the strategy declares for the kind (``comm_axes``), else
-    its data-parallel axes (always those with ``data``: ``StepProfile.data_comm``); the whole
-    world where no layout is given."""
-    per_node = options.get("ranks_per_node") or profile.world_size
-    layout = options.get("layout")
-    if layout is None:
-        return profile.world_size, "inter" if profile.world_size > per_node else "intra"
-    strategy = options.get("strategy")
-    declared = () if data else (getattr(strategy, "comm_axes", None) or {}).get(kind, ())
-    names = tuple(a for a in declared if a in layout.axes) or layout.data_axes
-    size = 1
-    for name in names:
-        size *= layout.axes[name]
-    if kind in ("send", "recv") and size > 1:
-        size = 2  # point to point: this rank and its neighbour
-    return size, "inter" if layout.group_span(names) > per_node else "intra"
+    return profile.copy_bytes / (rate * groups.core_share(c["cores"], ranks_per_node))
 
 
 def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = None,
@@ -211,137 +185,16 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     """``calls`` calls of ``kind`` moving ``n_bytes`` over the group ``group_of`` gives them; a
     call's latency what it costs between slices of compute ``slice_s`` long, or with ``burst``
     in a burst of calls after compute."""
-    size, link = group_of(kind, options, profile, data)
-    f = _fit(kind, size, link, profile, calibration, options)
+    size, link = groups.group_of(kind, options, profile, data)
+    f = groups.fit_for(kind, size, link, profile, calibration, options)
     alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
-    slowdown = _group_slowdown(kind, size, link, profile, calibration, options)
+    slowdown = groups.group_slowdown(kind, size, link, profile, calibration, options)
     alpha_s *= slowdown
     # Where the node's groups share its cores, their bytes move at the rate timed with them all at once.
-    moving = (_groups_fit(kind, size, options.get("ranks_per_node") or profile.world_size, calibration)
+    moving = (groups.groups_fit(kind, size, options.get("ranks_per_node") or profile.world_size, calibration)
               if slowdown > 1 else None) or f
     beta = alpha_beta.beta_of_sizes(moving, kind, (profile.comm_sizes or {}).get(kind), n_bytes / calls)
     return alpha_beta.call_time_s(kind, size, n_bytes, alpha_s, beta, calls, trees=calibration.get("backend") == "nccl")
-
-
-def _fit(kind: str, size: int, link: str, profile: StepProfile, calibration: dict, options: dict) -> dict:
-    """The α-β fit that prices ``kind`` over a group of ``size`` across ``link``: the fits timed
-    with the node's ranks at once for a message on shared cores (``_message_fits``), else at the
-    group's size (``_group_fits``), else the link class's; a kind the calibration does not time
-    borrows a measured kind's (``alpha_beta.BORROWED``)."""
-    fits = _message_fits(kind, link, profile, calibration, options) or _group_fits(calibration, size, link) \
-        or hardware.link_fits(calibration, link)
-    return fits[kind if kind in fits else alpha_beta.BORROWED.get(kind)]
-
-
-def _group_fits(calibration: dict, size: int, link: str) -> dict | None:
-    """The fits the calibration timed at the group's size over this link class, or None. At
-    more ranks than cores peers wait for a core, which the formulas' extrapolation over N cannot
-    carry: where a group's own size was timed, its fits stand, else the link class's."""
-    measured = calibration.get("links") or {"intra": True}  # a calibration from before link classes: one node
-    return (calibration.get("collectives_by_world") or {}).get(str(size)) if link in measured else None
-
-
-def _message_fits(kind: str, link: str, profile: StepProfile, calibration: dict, options: dict) -> dict | None:
-    """For a send or receive on a node with more ranks than cores: the fits the calibration timed
-    with all the node's ranks at once (None where it did not, or where each rank has a core).
-
-    A pair of ranks timed alone finds idle cores; in the run, the receiver, and the gloo thread that
-    takes its message in, wait for a core the node's other ranks hold. Measured with gloo, 4
-    processes on 2 cores: a 64 KiB ping-pong took 0.07 ms one way with the other two idle, 0.4-0.8
-    ms with them computing. The calibration at the node's rank count times each rank's sends
-    between slices of compute while every rank steps (``time_in_step``), which is that wait. Over
-    the stored pipeline runs at 4 ranks on 2 cores (47 runs: GPipe and 1F1B at 4 stages, pipeline
-    x dp; 13 models), median |error| 18 -> 13 %, p90 32 -> 29 %; GPipe on millisecond stages
-    (-56 .. -65 %) -40 .. -53 %; heavily unbalanced pipelines, already over-predicted, more so
-    (a CNN's 1F1B whose first stage holds 87 % of the compute, +47 -> +78 %)."""
-    if kind not in ("send", "recv"):
-        return None
-    per_node = options.get("ranks_per_node") or profile.world_size
-    if _shared_core(calibration, per_node, options) >= 1:
-        return None
-    return _group_fits(calibration, per_node, link)
-
-
-def _groups_fit(kind: str, size: int, ranks_per_node: int, calibration: dict) -> dict | None:
-    """The fit of ``kind`` the calibration timed over groups of ``size`` with every group of a
-    node's ``ranks_per_node`` ranks calling at once (``measure.time_in_groups``), or None."""
-    timed = ((calibration.get("collectives_in_groups") or {}).get(str(ranks_per_node)) or {}).get(str(size)) or {}
-    return timed.get(kind)
-
-
-def _group_slowdown(kind: str, size: int, link: str, profile: StepProfile, calibration: dict, options: dict) -> float:
-    """What a call of ``kind`` over its group waits longer than its group's fit says, where the
-    node's other groups call theirs at once on the cores they share (``_groups_sharing_cores``;
-    1 for sends and receives, which are staggered, and where the group's size was not timed)."""
-    if kind in ("send", "recv") or not _group_fits(calibration, size, link):
-        return 1.0
-    return _groups_sharing_cores(calibration, size, options.get("ranks_per_node") or profile.world_size, options)
-
-
-def groups_in_lockstep(key: str, profile: StepProfile, calibration: dict, options: dict) -> bool:
-    """Whether the calls under ``key`` (a kind, or ``<kind>@data``: ``comm_time_s``) run over
-    groups smaller than the node's ranks, all of which call them at the same point of the step on
-    cores the ranks share (``_groups_sharing_cores`` slows them for that). Every rank of the node
-    is then in a collective at once: none computes while another waits, and no overlap rule hides
-    them. Measured at 4 ranks on 2 cores (CNN, seq2seq; HSDP, shard and replica groups of 2):
-    stepped within 0-3 % of compute plus these collectives in full, where the rules' overlap (half
-    hidden, up to the compute) predicted 17-28 % fast; FSDP over all 4 ranks, one group, as its
-    rule predicts."""
-    kind, _, data = key.partition("@")
-    return _group_slowdown(kind, *group_of(kind, options, profile, data=bool(data)), profile, calibration, options) > 1
-
-
-def _groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, options: dict) -> float:
-    """How much slower a collective over a group of ``size`` runs than the calibration timed it
-    (``size`` ranks alone on the node) when the node's ``ranks_per_node`` ranks run their groups'
-    collectives at once on fewer cores: the ratio of the cores each rank gets. Every group of a
-    data-parallel or tensor-parallel axis calls its collective at the same point of the step
-    (point-to-point sends between pipeline stages are staggered: not counted so). Measured at 4
-    ranks on 2 cores: HSDP (shard groups of 2) and tensor x data parallel stepped 2-3x slower
-    than their collectives as timed with 2 ranks alone predicted.
-
-    The ratio slows each call's latency, the wait for a core (``_kind_time_s``), not its bytes:
-    slowing both, HSDP on an MLP 2048x2048 (16 MB of gradients, bandwidth-bound) at 4 ranks on 2
-    cores was predicted 43 % slow, and tensor x data parallel 62 %; with the latency alone, 10 %
-    and 30 %, while latency-bound models (CNN, keras MLP, transformer) moved by 1-4 %. The bytes
-    move at the rate the calibration timed with every group at once where it did (``_groups_fit``:
-    1.3-2.3x slower than alone on the 2-core EPYC VM, not the cores' 2x)."""
-    if size >= ranks_per_node:
-        return 1.0
-    return _shared_core(calibration, size, options) / _shared_core(calibration, ranks_per_node, options)
-
-
-def _cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> bool:
-    """A CPU node whose every core runs exactly one rank's compute thread, where no overlap rule
-    holds. A collective overlaps compute only where something else runs it: a GPU's copy engines
-    and NCCL's own SMs, an idle core, or, with more ranks than cores, another rank computing while
-    this one waits. With one rank per core, gloo's threads take their time from the ranks'
-    compute: nothing is hidden. Measured: ZeRO-3 at 2 ranks on 2 cores stepped in 209 ms, against
-    128 ms predicted with half its communication hidden and 170 ms with none. At 4 ranks on 2
-    cores (the ranks' compute 178 ms with all 4 stepping at once) DDP stepped in 196 ms with 45 ms
-    of all-reduce, FSDP within 8-23 % of its rule's prediction and 20-42 % above the one with
-    nothing hidden; allreduce, whose reductions follow backward on every rank at once, as
-    predicted (250 ms)."""
-    device = options.get("device")
-    if calibration["compute"].get("per_device"):  # a GPU preset
-        return False
-    if device not in ("cpu", "cuda"):  # "auto": what the calibration ran on
-        device = "cuda" if calibration.get("backend") == "nccl" else "cpu"
-    if device != "cpu":
-        return False
-    cores = calibration["compute"]["cores"]
-    ranks = options.get("ranks_per_node") or profile.world_size
-    return ranks * max(1, cores // ranks) == cores
-
-
-def _shared_core(calibration: dict, ranks_per_node: int, options: dict) -> float:
-    """The share of its cores a rank computes on when all the node's ranks compute (1 on a device
-    preset: a GPU each)."""
-    c = calibration["compute"]
-    if c.get("per_device"):
-        return 1.0
-    cores = c["cores"]
-    return core_share(cores, ranks_per_node, rank_threads(cores, ranks_per_node, options.get("cpus_per_task")))
 
 
 def predict_step_time(profile: StepProfile, calibration: dict, options: dict | None = None) -> dict:
@@ -355,7 +208,7 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
                                    options.get("cpus_per_task"))
     compute_s = profile.flops / rate
     timed = (calibration["compute"].get("models") or {}).get(options.get("model")) or {}
-    share = _shared_core(calibration, ranks_per_node, options)
+    share = groups.shared_core(calibration, ranks_per_node, options)
     _, overlap = rule(options)
     stages = options.get("stages") or profile.world_size
     stage_share, stage_s = profile.stage_share, timed.get("stage_s") if timed.get("strategy") == profile.strategy else None
@@ -382,9 +235,9 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     comm_s = sum(per_kind.values())
     window_s = compute_s * (BACKWARD_SHARE if overlap.window == "backward" else 1.0)
     # Collectives whose groups all call them at once on shared cores run while no rank computes.
-    free = {k: t for k, t in per_kind.items() if not groups_in_lockstep(k, profile, calibration, options)}
+    free = {k: t for k, t in per_kind.items() if not groups.groups_in_lockstep(k, profile, calibration, options)}
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in free.items()), window_s)
-    if _cores_all_busy(options, profile, calibration):
+    if groups.cores_all_busy(options, profile, calibration):
         hidden_s = 0.0
     if share < 1 and ((overlap.share and overlap.window == "backward") or overlap.back_to_back):
         # More ranks than cores, and no rank computes behind these calls:
@@ -447,7 +300,7 @@ def _simulated_schedule(options: dict, profile: StepProfile, calibration: dict, 
     else:
         s = busiest_or_balanced(stages, stage_share)
         steps = [compute_s] + [compute_s * (1 - s) / ((stages - 1) * s)] * (stages - 1)
-    size, link = group_of("send", options, profile)
-    fit = _fit("send", size, link, profile, calibration, options)
+    size, link = groups.group_of("send", options, profile)
+    fit = groups.fit_for("send", size, link, profile, calibration, options)
     return pipeline_schedule.predicted_step(schedule, steps, chunks, BACKWARD_SHARE, fit,
                                             profile.comm_bytes.get("send", 0) / sends)

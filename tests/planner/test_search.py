@@ -6,7 +6,7 @@ import json
 import pytest
 
 from suite import recipe as recipes
-from suite.planner import alpha_beta, analytic, hardware, model_rate, model_time, pipeline_time, search, timing
+from suite.planner import alpha_beta, analytic, groups, hardware, model_rate, model_time, pipeline_time, search, timing
 from suite.planner.predict import prediction
 from suite.planner.profile import StepProfile
 from suite.strategies.splitting import balanced_split
@@ -29,7 +29,7 @@ def _recipe(strategy: dict, nodes: int, per_node: int, model: dict | None = None
 def _groups(recipe) -> dict:
     options = timing.options_of(recipe)
     profile = StepProfile(recipe.strategy.name, recipe.world_size, {}, 0, 0, 64)
-    return {kind: timing.group_of(kind, options, profile) for kind in ("all_reduce", "all_gather", "reduce_scatter", "send")}
+    return {kind: groups.group_of(kind, options, profile) for kind in ("all_reduce", "all_gather", "reduce_scatter", "send")}
 
 
 def test_each_collective_runs_over_its_own_group_and_link():
@@ -57,16 +57,16 @@ def test_synced_batch_norm_is_timed_over_the_data_parallel_ranks_whatever_the_st
     is hidden: each call sits between layers."""
     model = {"name": "resnet18", "width": 0.125}
     data = {"name": "synthetic", "shape": [3, 16, 16], "classes": 10, "n_train": 64, "n_val": 16}
-    for strategy, groups in (({"name": "fsdp"}, {"all_reduce": 1}), ({"name": "fsdp", "replicate": 2}, {"all_gather": 2})):
+    for strategy, own in (({"name": "fsdp"}, {"all_reduce": 1}), ({"name": "fsdp", "replicate": 2}, {"all_gather": 2})):
         recipe = recipes.validate({**RAW, "model": model, "data": data, "strategy": strategy,
                                    "launch": {"tasks_per_node": 4}})
         profile = analytic.profile(recipe, 4, "under test")
         layers = 20  # resnet18's batch-norm layers: an all-gather and an all-reduce each
         assert {k: c for k, (_, c) in profile.data_comm.items()} == {"all_gather": layers, "all_reduce": layers}
         options = timing.options_of(recipe)
-        for kind, size in groups.items():  # the strategy's own group for the kind, not batch norm's
-            assert timing.group_of(kind, options, profile) == (size, "intra")
-            assert timing.group_of(kind, options, profile, data=True) == (4, "intra")
+        for kind, size in own.items():  # the strategy's own group for the kind, not batch norm's
+            assert groups.group_of(kind, options, profile) == (size, "intra")
+            assert groups.group_of(kind, options, profile, data=True) == (4, "intra")
         per_kind = timing.comm_time_s(profile, hand_calibration(), options)
         bytes_, calls = profile.data_comm["all_reduce"]
         assert per_kind["all_reduce@data"] == pytest.approx(alpha_beta.call_time_s("all_reduce", 4, bytes_, ALPHA_S, BETA, calls))
@@ -339,7 +339,7 @@ def test_collectives_every_group_calls_at_once_on_shared_cores_are_not_hidden():
         profile = StepProfile(recipe.strategy.name, 4, {}, 0, 10**8, 64, comm_bytes={k: b for k, (b, _) in comm.items()},
                               comm_calls={k: c for k, (_, c) in comm.items()})
         options = timing.options_of(recipe)
-        lockstep = {k for k in comm if timing.groups_in_lockstep(k, profile, cal, options)}
+        lockstep = {k for k in comm if groups.groups_in_lockstep(k, profile, cal, options)}
         return timing.predict_step_time(profile, cal, options), lockstep
 
     hsdp, lockstep = predicted({"name": "fsdp", "replicate": 2})
