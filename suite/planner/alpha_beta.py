@@ -73,9 +73,9 @@ def call_time_s(kind: str, world: int, n_bytes: float, alpha_s: float, beta_byte
 def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None, burst: float | None = None) -> dict:
     """alpha_s, beta_bytes_per_s from (bytes, seconds) measured at ``world`` ranks; with
     ``in_step`` ([[slice_s, seconds], ...]: a small call's cost between slices of compute,
-    ``measure.time_in_step``), also ``step_alpha``: those costs as alpha (``/ a(world)``), which
+    ``rank_timings.time_in_step``), also ``step_alpha``: those costs as alpha (``/ a(world)``), which
     the time model takes where larger than alpha (``step_alpha``); with ``burst`` (seconds: a small
-    call's cost among calls back to back after compute, ``measure.time_burst``), ``burst_alpha``,
+    call's cost among calls back to back after compute, ``rank_timings.time_burst``), ``burst_alpha``,
     taken for strategies whose calls follow one another so (``burst_alpha``).
 
     Least squares of t = c0 + c1 n weighted by 1/t, i.e. on relative error, so that the small

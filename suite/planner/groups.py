@@ -78,7 +78,7 @@ def message_fits(kind: str, link: str, profile: StepProfile, calibration: dict, 
 
 def groups_fit(kind: str, size: int, ranks_per_node: int, calibration: dict) -> dict | None:
     """The fit of ``kind`` the calibration timed over groups of ``size`` with every group of a
-    node's ``ranks_per_node`` ranks calling at once (``measure.time_in_groups``), or None."""
+    node's ``ranks_per_node`` ranks calling at once (``rank_timings.time_in_groups``), or None."""
     timed = ((calibration.get("collectives_in_groups") or {}).get(str(ranks_per_node)) or {}).get(str(size)) or {}
     return timed.get(kind)
 

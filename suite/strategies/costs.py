@@ -45,7 +45,7 @@ class Overlap:
     burst_alpha``) rather than a call between slices of compute; ``inside_compute``: its calls sit
     between pieces of the rank's forward and backward, each of which waits for the call before it
     (tensor parallelism's all-reduces), as the calibration's calls between slices of compute sit
-    (``measure.time_in_step``, timed with every rank of the node stepping), so what another rank
+    (``rank_timings.time_in_step``, timed with every rank of the node stepping), so what another rank
     computes on a shared core while one waits is in their price already: nothing more is hidden."""
     share: dict[str, float] = field(default_factory=dict)
     window: str = "backward"
