@@ -252,6 +252,25 @@ def test_a_pipelines_model_is_timed_in_its_chunks_and_other_strategies_at_the_ac
     assert model_time.cache_key(two_stages, 1, stages=True) != model_time.cache_key(four_stages, 1, stages=True)
 
 
+def test_a_pipeline_engine_whose_stages_are_not_timed_one_by_one_is_timed_as_one_stage_of_one_rank():
+    """DeepSpeed's pipeline engine (no stage_schedule for stage_time): its own engine at one stage,
+    its micro-batches kept, so that what its schedule costs a step is timed (rate_jobs: a job of
+    its own); the suite's pipeline keeps its stages' timing."""
+    from suite.planner import model_rate, model_time
+    from tests.parity import make_recipe
+
+    ds = make_recipe({"name": "ds_pipeline", "stages": 2, "micro_batches": 2}, world_size=4, precision="fp32")
+    one = model_time.one_rank_recipe(ds, own_strategy=True)
+    assert (one.strategy.name, one.strategy.stages, one.strategy.micro_batches, one.world_size) == ("ds_pipeline", 1, 2, 1)
+    assert one.training.batch_size == ds.layout().accumulation_batch and one.training.grad_accumulation == 1
+    assert model_time.one_rank_recipe(ds).strategy.name == "single"
+    calibration = {"compute": {"cores": 2}}
+    assert [(j.own_strategy, j.stages) for j in model_rate.rate_jobs(calibration, ds, 4)] == [(False, False), (True, False)]
+    pipe = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, world_size=2)
+    assert model_time.one_rank_recipe(pipe, own_strategy=True).strategy.name == "single"
+    assert [(j.own_strategy, j.stages) for j in model_rate.rate_jobs(calibration, pipe, 2)] == [(False, False), (False, True)]
+
+
 def test_rate_uses_threads_per_rank_core_share_and_the_models_efficiency():
     cal = hand_calibration(models={"m-1": {"flops_per_s": 2.5e9, "threads": 1}})
     assert timing.compute_rate(cal, 1)[0] == 1.6e10  # one rank: both cores
