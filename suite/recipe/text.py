@@ -164,7 +164,7 @@ def _label(key: str, value, values: list) -> str:
     """A sweep value in a point's name: ``seed3`` for ``training.seed: 3``; a whole section
     (``strategy: [{name: ddp}, {name: zero, stage: 2}, {name: zero, stage: 3}]``) by its name and
     the entries that tell it from the others of that name (``ddp``, ``zero_stage2``, ``zero_stage3``)."""
-    plain = f"{key.split('.')[-1]}{value:g}" if isinstance(value, float) else f"{key.split('.')[-1]}{value}"
+    plain = _entry(key.split(".")[-1], value)
     if not (isinstance(value, dict) and all(isinstance(v, dict) for v in values)):
         return plain
     label = _section_label(value, values)
@@ -175,8 +175,12 @@ def _label(key: str, value, values: list) -> str:
 def _section_label(value: dict, values: list[dict]) -> str:
     kin = [v for v in values if v.get("name") == value.get("name")]  # the same strategy (model, ...), other options
     telling = [k for k in value if k != "name" and len({repr(v.get(k, "-")) for v in kin}) > 1]
-    return "_".join([str(value.get("name", ""))] + [f"{k}{value[k]:g}" if isinstance(value[k], float) else f"{k}{value[k]}"
-                                                      for k in telling]).strip("_")
+    return "_".join([str(value.get("name", ""))] + [_entry(k, value[k]) for k in telling]).strip("_")
+
+
+def _entry(key: str, value) -> str:
+    """One key and its value in a point's name: ``seed3``, ``init_perturbation4.44089e-16`` (%g)."""
+    return f"{key}{value:g}" if isinstance(value, float) else f"{key}{value}"
 
 
 def _flatten(sweep: dict, prefix: str = "") -> dict:
