@@ -50,21 +50,21 @@ def certify_each(recipes, steps: int = 20, out: str | Path = "runs", progress=pr
                  f"steps, {precision} ({why})")
     labels = [f"strategy {recipe.strategy.name}" for recipe, *_ in plans]
     strategy_runs = run_grouped(labels, [raw for *_, raw in plans], "strategy", Path(out), progress)
+    singles = [_as_single(raw) for *_, raw in plans]
+    ran = [not isinstance(run, SuiteError) for run in strategy_runs]
     # the single recipe (as YAML text) -> (its two runs, their losses), or their error
-    baselines = _baselines([(_as_single(raw), precision) for (_, precision, _, raw), run in zip(plans, strategy_runs)
-                            if not isinstance(run, SuiteError)],
-                           next((Path(r) / "verify" for r in strategy_runs if not isinstance(r, SuiteError)), None),
-                           progress)
+    baselines = _baselines([(one, precision) for one, (_, precision, *_), ok in zip(singles, plans, ran) if ok],
+                           next((Path(r) / "verify" for r, ok in zip(strategy_runs, ran) if ok), None), progress)
     outcomes = []
-    for (recipe, precision, why, raw), run in zip(plans, strategy_runs):
+    for (recipe, precision, why, raw), run, one in zip(plans, strategy_runs, singles):
         if isinstance(run, SuiteError):
             outcomes.append(run)
             continue
-        key = _key(_as_single(raw))
-        if isinstance(baselines[key], SuiteError):
-            outcomes.append(baselines[key])
+        base = baselines[_key(one)]
+        if isinstance(base, SuiteError):
+            outcomes.append(base)
             continue
-        found, base_losses = baselines[key]
+        found, base_losses = base
         runs = {"strategy": run, **found}
         losses = {**base_losses, "strategy": _losses(Path(run))}
         n = min(len(v) for v in losses.values())
