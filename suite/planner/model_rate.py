@@ -201,19 +201,13 @@ def _every_job(recipes_, jobs, ready) -> list[dict]:
     return [_step_or_error(recipe, job, ready) for recipe, job in zip(recipes_, jobs)]
 
 
-def rank_threads(calibration: dict, ranks_per_node: int, cpus_per_task: int | None = None) -> int:
-    """The threads one rank gets on a node of the calibration's cores (``suite.train.dist``'s rule)."""
-    cores = calibration["compute"].get("cores") or len(os.sched_getaffinity(0))
-    return threads.rank_threads(cores, ranks_per_node, cpus_per_task)
-
-
 def rate_jobs(calibration: dict, recipe, ranks_per_node: int) -> list[Job]:
     """The timings ``with_model_rate`` asks for (none on a preset of other hardware): the model's
     step as one rank, and the strategy's as one rank where it runs so, or a pipeline's stages."""
     if calibration.get("from_specs"):
         return []
-    n_threads = rank_threads(calibration, ranks_per_node, recipe.launch.cpus_per_task)
     cores = calibration["compute"].get("cores") or len(os.sched_getaffinity(0))
+    n_threads = threads.rank_threads(cores, ranks_per_node, recipe.launch.cpus_per_task)  # suite.train.dist's rule
     together = max(1, min(ranks_per_node, cores // n_threads, 8))  # the ranks that have a core; more share it (timing)
     jobs = [Job(recipe, n_threads, together)]
     if one_rank_recipe(recipe, own_strategy=True).strategy.name != "single":
