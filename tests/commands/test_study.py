@@ -13,6 +13,7 @@ import yaml
 
 from suite.study import __main__ as study, arms
 from suite.record.run_record import read_json
+from tests.run_folders import rank_pids
 from tests.browser import assert_renders
 
 STUDY = "recipes/studies/fashion_mnist_dp.yaml"
@@ -47,7 +48,7 @@ def test_cpu_profile_runs_every_arm_and_repeat_through_submit(finished):
     pids: dict = {}
     for p in runs:
         arm = yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"]
-        pids.setdefault(arm, set()).add(read_json(p.parent / "ranks" / "rank0.json")["pid"])
+        pids.setdefault(arm, set()).add(tuple(rank_pids(p.parent)))
     assert all(len(pids[arm]) == 1 for arm in ("tf_single", "tf_mirrored", "tf_mirrored_loop", "single")), pids
     assert sorted(p.name for p in (folder / "recipes").iterdir()) == [
         "allreduce.yaml", "ddp.yaml", "mpi.yaml", "single.yaml", "tf_mirrored.yaml", "tf_mirrored_loop.yaml", "tf_single.yaml"]

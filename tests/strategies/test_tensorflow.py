@@ -16,7 +16,6 @@ each run's time (~10 s per process).
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from suite.strategies import _tensorflow
 from suite.train import rank as train_rank
 from tests.harness import run_ranks
 from tests.parity import assert_matches, make_recipe, step_losses, step_losses_of
+from tests.run_folders import in_order, rank_pids
 
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
 needs_tf = pytest.mark.skipif(not HAVE_TF, reason='tensorflow is not installed: pip install -e ".[tensorflow]"')
@@ -102,12 +102,7 @@ def _submit_sweep(tmp_path, strategies: list[str]) -> list[Path]:
     proc = subprocess.run([sys.executable, "-m", "suite.submit", str(path), "--out", str(tmp_path / "sweep")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    found = [p for p in (tmp_path / "sweep").iterdir() if (p / "job.json").exists()]
-    return sorted(found, key=lambda p: json.loads((p / "job.json").read_text())["submitted_at"])
-
-
-def _pid(run_dir: Path) -> int:
-    return json.loads((run_dir / "ranks" / "rank0.json").read_text())["pid"]
+    return in_order(tmp_path / "sweep")
 
 
 @needs_tf
@@ -119,7 +114,7 @@ def test_mirrored_replicas_repeat_tf_single_steps(tmp_path):
     before = left()
     baseline = step_losses(make_recipe({"name": "tf_single"}, 1, **SGD_NO_DROPOUT), tmp_path / "single")
     mirrored, loop = _submit_sweep(tmp_path, ["tf_mirrored", "tf_mirrored_loop"])
-    assert _pid(mirrored) == _pid(loop)
+    assert rank_pids(mirrored) == rank_pids(loop)
     for run_dir in (mirrored, loop):
         assert_matches(step_losses_of(run_dir), baseline, tolerance=TF_TOLERANCE)
     recipe = make_recipe({"name": "tf_multiworker"}, WORLD["tf_multiworker"], **SGD_NO_DROPOUT)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from suite.record.run_record import read_metrics
 from suite.strategies import STRATEGIES
+from tests.parity import step_losses_of
+from tests.run_folders import in_order, rank_pids
 
 DEFAULT_TRACKING = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
 SHORT = ["training.max_steps=5", "training.log_every_steps=1"]
@@ -22,20 +23,6 @@ SHORT = ["training.max_steps=5", "training.log_every_steps=1"]
 def submit(out: Path, *args, recipe="recipes/quickstart.yaml", timeout=300):
     return subprocess.run([sys.executable, "-m", "suite.submit", recipe, "--out", str(out), *SHORT, *args],
                           capture_output=True, text=True, timeout=timeout, env=DEFAULT_TRACKING)
-
-
-def runs(out: Path) -> list[Path]:
-    """Run folders in the order they were handed to the ranks (job.json is written then)."""
-    found = [p for p in out.iterdir() if (p / "job.json").exists()]
-    return sorted(found, key=lambda p: json.loads((p / "job.json").read_text())["submitted_at"])
-
-
-def rank_pids(run_dir: Path) -> list[int]:
-    return [json.loads(p.read_text())["pid"] for p in sorted((run_dir / "ranks").glob("rank*.json"))]
-
-
-def losses(run_dir: Path) -> list[float]:
-    return [s["global_loss"] for s in sorted(read_metrics(run_dir, kind="step", rank=0), key=lambda s: s["step"])]
 
 
 def status(run_dir: Path) -> str | None:
@@ -48,17 +35,17 @@ def status(run_dir: Path) -> str | None:
 def test_a_sweeps_points_run_in_the_same_warm_ranks_and_learn_as_when_run_alone(tmp_path):
     proc = submit(tmp_path / "sweep", "sweep.training.seed=[3,4,5]")
     assert proc.returncode == 0, proc.stderr
-    points = runs(tmp_path / "sweep")
+    points = in_order(tmp_path / "sweep")
     assert len(points) == 3 and all(status(p) == "completed" for p in points)
     assert len({tuple(rank_pids(p)) for p in points}) == 1, "every point should reuse the same two rank processes"
     assert len(set(rank_pids(points[0]))) == 2
 
     alone = submit(tmp_path / "alone", "training.seed=5")
     assert alone.returncode == 0, alone.stderr
-    (single_run,) = runs(tmp_path / "alone")
+    (single_run,) = in_order(tmp_path / "alone")
     (seed5,) = [p for p in points if yaml.safe_load((p / "recipe.yaml").read_text())["training"]["seed"] == 5]
     # Nothing of the earlier points (RNG, process group, optimizer) leaks into the last one.
-    assert losses(seed5) == losses(single_run) and len(losses(single_run)) == 5
+    assert step_losses_of(seed5) == step_losses_of(single_run) and len(step_losses_of(single_run)) == 5
     assert set(rank_pids(single_run)).isdisjoint(rank_pids(seed5))
 
 
@@ -66,7 +53,7 @@ def test_after_a_strategy_with_process_wide_state_the_next_point_gets_new_ranks(
     assert not STRATEGIES["zero"].Options.reusable_process  # DeepSpeed keeps module-level state
     proc = submit(tmp_path, "sweep.strategy.name=[zero,ddp]", "training.max_steps=3")
     assert proc.returncode == 0, proc.stderr
-    zero, ddp = runs(tmp_path)
+    zero, ddp = in_order(tmp_path)
     assert json.loads((zero / "summary.json").read_text())["strategy"] == "zero"
     assert status(zero) == status(ddp) == "completed"
     assert set(rank_pids(zero)).isdisjoint(rank_pids(ddp))
@@ -122,7 +109,7 @@ def test_a_failed_point_ends_its_ranks_and_the_points_after_it_still_run(tmp_pat
     proc = submit(tmp_path / "out", recipe=str(path))
     assert proc.returncode == 1, proc.stderr
     assert "planted failure" in proc.stdout + proc.stderr
-    first, failed, last = runs(tmp_path / "out")
+    first, failed, last = in_order(tmp_path / "out")
     assert [status(first), status(failed), status(last)] == ["completed", "failed", "completed"]
     assert set(rank_pids(last)).isdisjoint(rank_pids(failed))
 
