@@ -200,12 +200,13 @@ def test_a_killed_rank_ends_its_peer_with_an_error_not_a_hang(killed, tmp_path, 
 def test_hogwild_sweep_points_reuse_the_rank_processes(tmp_path):
     """hogwild declares ``reusable_process``: the second point of a local sweep trains in the
     first's rank processes, with a new segment, and both leave nothing in /dev/shm."""
-    from tests.submit.test_pool import rank_pids, runs as pool_runs, status, submit
+    from tests.run_folders import in_order, rank_pids
+    from tests.submit.test_pool import status, submit
 
     before = set(glob.glob(SEGMENTS))
     proc = submit(tmp_path, "sweep.training.seed=[0,1]", recipe="recipes/hogwild_digits.yaml")
     assert proc.returncode == 0, proc.stderr
-    first, second = pool_runs(tmp_path)
+    first, second = in_order(tmp_path)
     assert status(first) == status(second) == "completed"
     assert rank_pids(first) == rank_pids(second)
     assert set(glob.glob(SEGMENTS)) <= before
