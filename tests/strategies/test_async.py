@@ -165,6 +165,9 @@ def test_bad_options_are_one_line(strategy, launch, key):
     assert key in str(err.value) and "\n" not in str(err.value)
 
 
+PEER_GONE = ("closed by peer", "eof", "connection", "process_vm_readv: no such process")
+
+
 @pytest.mark.parametrize("killed", [1, 0], ids=["worker", "server"])
 def test_a_killed_rank_ends_its_peer_with_an_error_not_a_hang(killed, tmp_path, monkeypatch):
     """A worker (rank 1) or the server (rank 0) is SIGKILLed after its 3rd step; the other must end
@@ -187,7 +190,11 @@ def test_a_killed_rank_ends_its_peer_with_an_error_not_a_hang(killed, tmp_path, 
         assert conns[survivor].poll(60), f"rank {survivor} still running 60 s after rank {killed} was killed (hang)"
         status, value = conns[survivor].recv()
         assert status == "error" and time.time() - started < 60, value
-        assert "closed by peer" in value or "eof" in value.lower() or "connection" in value.lower(), value[-800:]
+        # The peer's death as the transport that noticed it words it: a socket's "closed by peer" /
+        # EOF / connection reset, or tensorpipe's shared-memory channel (CMA), which reads the peer's
+        # memory directly and finds its process gone ("process_vm_readv: No such process", seen
+        # once in CI on 2026-11-28). Any other error is a failure of its own, not the peer's loss.
+        assert any(sign in value.lower() for sign in PEER_GONE), value[-800:]
         procs[killed].join(5)
         assert procs[killed].exitcode == -9
     finally:
