@@ -230,7 +230,7 @@ def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: i
     result = _result(single)
     if not result.get("flops_per_s"):
         return calibration
-    overhead_s, strategy, stage_s = 0.0, "single", None
+    overhead_s, strategy, stage_s, rank_step_s = 0.0, "single", None, None
     for job in own:
         try:
             got = _result(job)
@@ -238,12 +238,15 @@ def with_model_rate(calibration: dict, recipe, model_key: str, ranks_per_node: i
             continue
         if job.stages:  # a pipeline: its stages, and their wrapper, timed stage by stage (stage_time)
             overhead_s, strategy, stage_s = got["overhead_s"], recipe.strategy.name, got.get("stage_s")
+        elif got.get("at_world"):  # rank 0 of its world timed whole (model_time.at_world): its compute
+            strategy, rank_step_s = got["strategy"], got["step_s"]
         else:
             overhead_s, strategy = max(0.0, got["step_s"] - result["step_s"]), got["strategy"]
     compute = dict(calibration["compute"])
     models = dict(compute.get("models") or {})
     models[model_key] = {"flops_per_s": result["flops_per_s"], "threads": single.threads, "step_s": result["step_s"],
                          "rank_batch": result["batch"], "timed": "when predicted", "together": single.together,
-                         "strategy": strategy, "overhead_s": overhead_s, "stage_s": stage_s}
+                         "strategy": strategy, "overhead_s": overhead_s, "stage_s": stage_s,
+                         **({"rank_step_s": rank_step_s} if rank_step_s is not None else {})}
     compute["models"] = models
     return {**calibration, "compute": compute}

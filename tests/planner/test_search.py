@@ -209,6 +209,30 @@ def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_pa
     assert added == pytest.approx(entry["overhead_s"] / 0.5)  # 4 ranks on 2 cores: half a core each
 
 
+def test_a_tensor_parallel_rank_is_timed_as_rank_0_of_its_world_on_a_fake_process_group(tmp_path, monkeypatch):
+    """Tensor parallelism splits layers: one rank at tp 1 computes every layer whole, so its
+    degrees are kept and rank 0 of its world is timed, peers faked (torch's fake process group:
+    collectives return at once), at the batch a tensor-parallel rank sees (its data shard's,
+    whole). The prediction's compute is that step; a data-parallel strategy is timed as before."""
+    from tests.planner.hand_calibration import step_profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = {"name": "mlp", "hidden": [256, 256]}
+    recipe = _recipe({"name": "tensor", "tp": 2, "dp": 2}, 1, 4, model)
+    assert model_time.at_world(recipe) and not model_time.at_world(_recipe({"name": "fsdp"}, 1, 4, model))
+    key = timing.model_key(recipe)
+    got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, 4)
+    entry = got["compute"]["models"][key]
+    assert entry["strategy"] == "tensor" and entry["rank_step_s"] > 0, entry
+    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
+    (rank,) = [e for e in cached.values() if e.get("at_world")]
+    assert rank["at_world"] == 4 and rank["batch"] == 64 // 2 and rank["strategy"] == "tensor"  # dp 2 shards 64
+    options = {**timing.options_of(recipe), "model": key}
+    t = timing.predict_step_time(step_profile("tensor", 4, flops=10**6), got, options)
+    assert t["compute_s"] == pytest.approx(entry["rank_step_s"] / 0.5)  # 4 ranks on 2 cores
+    assert prediction(recipe, hand_calibration(cores=2))["step_time_s"] > 0  # the whole path, as a run records it
+
+
 def test_a_pipelines_compute_is_its_busiest_stage_timed_alone_through_its_own_schedule(tmp_path, monkeypatch):
     """A stage of many FLOPs and few weights (an MLP whose first layer is wide) is not its FLOP
     share of the whole model's step: each stage is stepped alone through the pipeline's schedule

@@ -111,6 +111,21 @@ def test_a_strategys_own_cost_runs_on_the_ranks_share_of_a_core():
     assert shared["compute_s"] == pytest.approx(10**9 / 0.5e10 + 0.02)
 
 
+def test_a_rank_timed_at_its_own_world_is_its_compute_whatever_its_flops():
+    """A tensor-parallel rank timed as rank 0 of its world (model_time.at_world: rank_step_s)
+    computes what that step took, on its share of a core, not its FLOPs at the model's rate plus
+    the one-rank overhead: the split layers' replicated rest is in the step, in no FLOP count."""
+    timed = {"flops_per_s": 1e10, "threads": 1, "timed": "when predicted", "rank_batch": 32, "strategy": "tensor",
+             "overhead_s": 0.01, "rank_step_s": 0.3}
+    cal = hand_calibration(models={"m": timed})
+    alone = timing.predict_step_time(step_profile("tensor", 2), cal, {"model": "m", "device": "cpu"})
+    assert alone["compute_s"] == pytest.approx(0.3) and "own world" in alone["rate"]
+    shared = timing.predict_step_time(step_profile("tensor", 4), cal, {"model": "m", "device": "cpu"})
+    assert shared["compute_s"] == pytest.approx(0.6)  # 4 ranks on 2 cores: half a core each
+    other = timing.predict_step_time(step_profile("fsdp", 2), cal, {"model": "m", "device": "cpu"})
+    assert other["compute_s"] == pytest.approx(10**9 / 1e10)  # another strategy's timing is not its
+
+
 def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
     comm = {"all_gather": (2 * 10**6, 2), "reduce_scatter": (10**6, 1)}
     for strategy, options in (("zero", {"stage": 3}), ("fsdp", {})):
