@@ -23,10 +23,11 @@ collectives return at once, untouched). Its degrees dropped, tensor parallelism 
 width and the time model took 1/tp of it; but a rank at tp 2 computes half of each split layer and
 all of the replicated rest (norms, embeddings, the head, DTensor's redistributions), which no
 FLOP count sees. Measured 2026-11-29 on 2 cores: a 3-block transformer's rank at tp 2 stepped in
-31 ms against the 25.5 ms the two one-rank timings gave, a 2-block one in 27 against 24, an MLP's
-rank of tensor x dp (2 x 2) in 11.7 against 8.2; the benchmark's tensor runs had been predicted
-15-24 % short. What a data-parallel rank computes is the whole model at its batch, which the
-one-rank timings hold.
+31 ms against the 25.5 ms the two one-rank timings gave, a 2-block one in 27 against 24, a
+2-block transformer's rank of tensor x dp (2 x 2) in 22 against 15; the benchmark's tensor runs
+had been predicted 15-24 % short. What a data-parallel rank computes is the whole model at its
+batch, which the one-rank timings hold: FSDP's rank at world 4 timed so stepped as at world 1
+(a transformer 31 against 32 ms, an MLP 40 against 48).
 
 Never the measured steps of the configuration being predicted: one rank, no peers. The
 strategy's costs at the predicted world (collectives, copies, bubble) are added by the time model
