@@ -27,7 +27,9 @@ FLOP count sees. Measured 2026-11-29 on 2 cores: a 3-block transformer's rank at
 2-block transformer's rank of tensor x dp (2 x 2) in 22 against 15; the benchmark's tensor runs
 had been predicted 15-24 % short. What a data-parallel rank computes is the whole model at its
 batch, which the one-rank timings hold: FSDP's rank at world 4 timed so stepped as at world 1
-(a transformer 31 against 32 ms, an MLP 40 against 48).
+(a transformer 31 against 32 ms, an MLP 40 against 48). The fake group is torch's own
+(``torch.testing._internal.distributed.fake_pg``, what torchtitan estimates memory with); should a
+torch lack it, the timing fails, is named, and the prediction falls back to the FLOP share.
 
 Never the measured steps of the configuration being predicted: one rank, no peers. The
 strategy's costs at the predicted world (collectives, copies, bubble) are added by the time model
