@@ -29,7 +29,8 @@ had been predicted 15-24 % short. What a data-parallel rank computes is the whol
 batch, which the one-rank timings hold: FSDP's rank at world 4 timed so stepped as at world 1
 (a transformer 31 against 32 ms, an MLP 40 against 48). The fake group is torch's own
 (``torch.testing._internal.distributed.fake_pg``, what torchtitan estimates memory with); should a
-torch lack it, the timing fails, is named, and the prediction falls back to the FLOP share.
+torch lack it, the timing fails and the prediction falls back to the FLOP share, as for any
+strategy whose own timing fails (``model_rate.with_model_rate``).
 
 Never the measured steps of the configuration being predicted: one rank, no peers. The
 strategy's costs at the predicted world (collectives, copies, bubble) are added by the time model
