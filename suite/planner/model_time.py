@@ -27,8 +27,8 @@ FLOP count sees. Measured 2026-11-29 on 2 cores: a 3-block transformer's rank at
 2-block transformer's rank of tensor x dp (2 x 2) in 22 against 15; the benchmark's tensor runs
 had been predicted 15-24 % short. What a data-parallel rank computes is the whole model at its
 batch, which the one-rank timings hold: FSDP's rank at world 4 timed so stepped as at world 1
-(a transformer 31 against 32 ms, an MLP 40 against 48). The fake group is torch's own
-(``torch.testing._internal.distributed.fake_pg``, what torchtitan estimates memory with); should a
+(a transformer 31 against 32 ms, an MLP 40 against 48). The fake group is torch's own, from its
+test utilities (``suite.compat.torch.fake_store``, as the planner's fake run uses it); should a
 torch lack it, the timing fails and the prediction falls back to the FLOP share, as for any
 strategy whose own timing fails (``model_rate.with_model_rate``).
 
@@ -194,15 +194,16 @@ def _fake_world(world: int, device) -> None:
     """This process as rank 0 of ``world`` ranks whose collectives return at once, untouched
     (torch's fake process group): what a rank computes at that world, none of what it sends."""
     import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+
     # start-up: registers torch's "fake" backend only when a rank is timed at its world
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from suite.compat import torch as torch_compat
 
     if dist.is_initialized():  # a group of one an earlier timing in this process left
         dist.destroy_process_group()
     os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")  # read by some strategies' set-up, never connected to
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dist.init_process_group("fake", store=torch_compat.fake_store(), rank=0, world_size=world)
 
 
 def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
