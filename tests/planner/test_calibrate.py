@@ -289,18 +289,8 @@ def test_prediction_failure_is_recorded_not_raised():
     assert "error" in prediction(object())
 
 
-@pytest.mark.skipif(__import__("shutil").which("sinfo") is None, reason="no Slurm here (sinfo not found)")
-def test_calibrate_through_slurm_times_the_job_on_two_nodes(tmp_path, monkeypatch):
-    """launch.executor=slurm: one job of two tasks through the suite's executor (the local test cluster)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    out = tmp_path / "c.json"
-    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "recipes/quickstart.yaml", "launch.executor=slurm",
-                           "launch.tasks_per_node=1", "launch.nodes=2", "--max-bytes", "65536", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    assert "submitted Slurm job" in proc.stdout
-    c = json.loads(out.read_text())
-    assert c["world_size"] == 2 and all(f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0 for f in c["collectives"].values())
+# Calibrating through Slurm on two nodes (launch.executor=slurm, one task on each) is tested where
+# the link study runs that command: tests/submit/test_link_study.py.
 
 
 def test_a_calibration_slurm_refuses_is_one_line_and_exit_2(tmp_path):

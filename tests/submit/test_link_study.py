@@ -8,6 +8,7 @@ is the same code for every rate.) (The calibration's largest message, 4 MiB, mus
 token bucket's burst, 500 KB at 1 Gbit/s: with 1 MiB the fitted bandwidth came out 2x too high.) The script starts the plain cluster again at its end, for the other Slurm tests.
 Needs root, `ip` and `tc` (as tests/submit/test_shaped_cluster.py)."""
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +43,12 @@ def test_the_link_study_measures_and_predicts_each_rate_and_restores_the_plain_c
     # unshaped, the same arm scales (tests/submit/test_shaped_cluster.py measures the rates themselves).
     assert 0 < float(row["efficiency"]) < 0.5, row
     assert (out / "links-samples-per-s.png").stat().st_size > 0 and (out / "links-efficiency.png").stat().st_size > 0
+    # The study's calibration is `suite.calibrate RECIPE launch.executor=slurm launch.nodes=2
+    # launch.tasks_per_node=1`, as a user calibrates a cluster: one job of two tasks through the
+    # suite's executor, one rank on each node (this is that command's test; it had its own run).
+    c = json.loads((out / "1gbit" / "calibration.json").read_text())
+    assert c["world_size"] == 2 and c["hosts"] == ["n1", "n2"], (c["world_size"], c["hosts"])
+    assert all(f["alpha_s"] > 0 and f["beta_bytes_per_s"] > 0 for f in c["collectives"].values())
     sinfo = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
     assert sinfo.stdout.split() and set(sinfo.stdout.split()) <= {"idle", "mixed", "allocated"}, sinfo.stdout
     assert not Path("/run/netns/slurm-n1").exists()  # the plain cluster: no namespaces left
