@@ -32,6 +32,23 @@ def pytest_sessionstart(session):
             compileall.compile_dir(root / folder, quiet=2)
 
 
+@pytest.fixture(scope="session")
+def machine_calibration(tmp_path_factory):
+    """``python -m suite.calibrate --max-bytes 262144 --out HOME/c.json``, as a user calibrates
+    a machine once (no recipe; small messages), in its own cache (``HOME/cache``), run once a
+    session: (HOME, the finished process). tests/planner/test_calibrate.py checks what it
+    measured; the advisor's tests plan from it (a run of its own each cost ~11 s)."""
+    import subprocess
+    import sys
+
+    home = tmp_path_factory.mktemp("machine-calibration")
+    env = {**os.environ, "XDG_CACHE_HOME": str(home / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "--max-bytes", str(256 * 2**10),
+                           "--out", str(home / "c.json")], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return home, proc
+
+
 def pytest_report_header(config):
     """Which of torch's CPU kernel sets this run uses: parity must hold under each
     (tests/run_kernel_sets.sh). torch ignores an ATEN_CPU_CAPABILITY the CPU lacks, silently."""

@@ -29,13 +29,10 @@ def _clean(proc):
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory):
-    """A calibration of this host, as a user makes it once (no recipe), small messages only."""
-    home = tmp_path_factory.mktemp("advise")
-    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "--max-bytes", "262144"], capture_output=True,
-                          text=True, timeout=300, env=_env(home))
-    assert proc.returncode == 0, proc.stderr
-    return home
+def calibrated(machine_calibration):
+    """A calibration of this host, as a user makes it once (no recipe), small messages only
+    (tests/conftest.py: one a session)."""
+    return machine_calibration[0]
 
 
 def test_advise_verify_runs_the_best_and_sets_measured_beside_predicted(calibrated):

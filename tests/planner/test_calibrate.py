@@ -160,7 +160,7 @@ def test_where_the_machine_swings_while_timing_the_collectives_are_timed_again_a
     assert len(c["compute"]["speed_samples"]) == (7 if swings else 3)
 
 
-def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(tmp_path, monkeypatch):
+def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(machine_calibration, monkeypatch):
     """The command end to end, small messages (4 KiB .. 256 KiB): every kind's fit is positive and
     reproduces its measured times within a factor 2 (median relative error <= 100 %). A size's time
     is the lower quartile of its calls: on 2 cores a call waits for its peer to be scheduled (3-4 ms)
@@ -173,12 +173,9 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     The fit's arithmetic is checked exactly on times the formula made (tests above).
     In its own interpreter: the command runs matmuls, and a process forked after that (the
     training ranks of a later test) can hang on the thread pool it inherits."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    out = tmp_path / "c.json"
-    proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "--max-bytes", str(256 * 2**10), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    c = json.loads(out.read_text())
+    home, proc = machine_calibration  # tests/conftest.py: the command, run once a session
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    c = json.loads((home / "c.json").read_text())
     assert c["world_size"] == 2 and c["backend"] == "gloo"
     assert set(c["collectives"]) == set(alpha_beta.MEASURED)
     for kind, f in c["collectives"].items():
