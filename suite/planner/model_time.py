@@ -235,7 +235,7 @@ def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
         with torch.random.fork_rng(devices=[]), prepare.default_dtype(one.training.precision):
             ctx = DistContext(0, world, 0, world, device, "gloo" if alone else "none", (device,))
             engine = strategies.build(one.strategy, make_setup(one, ctx))
-            batch = one.layout().accumulation_batch
+            batch = one.layout().rank_batch  # a step's samples on this rank (the engine splits accumulation passes)
             inputs, targets = fake_batch(one, batch)
             if (dtype := prepare.input_dtype(one.training.precision)) is not None and inputs.is_floating_point():
                 inputs = inputs.to(dtype)

@@ -201,6 +201,9 @@ def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_pa
     cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
     (stages,) = [e for e in cached.values() if "stage" in e]
     assert stages["stage"] in (0, 1) and stages["wrapped_s"] > stages["plain_s"] > 0
+    # the model's own step at the rank's whole batch (its chunks as accumulation passes), not one chunk's
+    (single,) = [e for e in cached.values() if e["strategy"] == "single"]
+    assert single["batch"] == recipe.layout().rank_batch == 32
     options = {**timing.options_of(recipe), "model": key}
     profile = step_profile("pipeline", 4, flops=10**6)
     without = {**got, "compute": {**got["compute"], "models": {key: {**entry, "overhead_s": 0.0}}}}
