@@ -98,9 +98,7 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
     # convolution at the chunk's batch are the stage's, not those of the whole batch at once. A
     # pipeline's own engine at one stage splits the batch into its micro-batches itself.
     chunks = layout.pipeline_chunks if pipeline and not one_stage else 1
-    raw["training"] = {**raw["training"], "batch_size": layout.accumulation_batch, "grad_accumulation": chunks}
-    for key in ("balance", "balance_shares"):  # per-rank batch shares do not apply to one rank
-        raw["training"].pop(key, None)
+    _one_step(raw, layout.accumulation_batch, chunks)
     try:
         return recipes.validate({**raw, "strategy": strategy})
     except SuiteError:  # the strategy refuses one rank
@@ -116,10 +114,15 @@ def world_recipe(recipe):
     layout = recipe.layout()
     raw = yaml.safe_load(recipes.dump(recipe))
     raw["launch"] = {**raw["launch"], "executor": "local"}
-    raw["training"] = {**raw["training"], "batch_size": layout.accumulation_batch * layout.dp_size, "grad_accumulation": 1}
-    for key in ("balance", "balance_shares"):
-        raw["training"].pop(key, None)
+    _one_step(raw, layout.accumulation_batch * layout.dp_size, 1)
     return recipes.validate(raw)
+
+
+def _one_step(raw: dict, batch_size: int, passes: int) -> None:
+    """``raw``'s training as the step timed: ``batch_size`` samples in ``passes`` accumulation
+    passes; the per-rank batch shares (``balance``) dropped, they do not apply to the rank timed."""
+    training = {k: v for k, v in raw["training"].items() if k not in ("balance", "balance_shares")}
+    raw["training"] = {**training, "batch_size": batch_size, "grad_accumulation": passes}
 
 
 def cache_key(recipe, threads: int, together: int = 1, own_strategy: bool = False, stages: bool = False) -> str:
@@ -157,15 +160,29 @@ def time_step(recipe, threads: int, ready=None, own_strategy: bool = False, stag
     return _time_engine(one_rank_recipe(recipe, own_strategy), threads, ready)
 
 
-def _group_of_one(device) -> None:
-    """A process group of this rank alone, in this process (a strategy's own code as one rank)."""
+def _rank_zero_of(world: int, device) -> None:
+    """This process as rank 0 of a process group of ``world`` ranks: a group of this rank alone
+    (a strategy's own code as one rank), or with ``world`` > 1 torch's fake group, whose
+    collectives return at once, untouched (what a rank computes at that world, none of what it
+    sends). A group of one an earlier timing in this process left is kept for another, replaced
+    by a fake world (which ``_time_engine`` ends after its timing)."""
     import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
     if dist.is_initialized():
-        return
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        if world == 1:
+            return
+        dist.destroy_process_group()
+    os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")  # read by DeepSpeed's own set-up, never connected to
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if world == 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    else:
+        # start-up: registers torch's "fake" backend only when a rank is timed at its world
+        from suite.compat import torch as torch_compat
+
+        dist.init_process_group("fake", store=torch_compat.fake_store(), rank=0, world_size=world)
 
 
 def _time_stages(recipe, threads: int, ready=None) -> dict:
@@ -178,7 +195,7 @@ def _time_stages(recipe, threads: int, ready=None) -> dict:
     device = torch.device("cuda" if one.launch.device == "cuda" else "cpu")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    _group_of_one(device)
+    _rank_zero_of(1, device)
     if ready:
         ready()
     try:
@@ -188,22 +205,6 @@ def _time_stages(recipe, threads: int, ready=None) -> dict:
         torch.set_num_threads(before)
     return {**got, "step_s": got["wrapped_s"], "threads": threads, "batch": one.training.batch_size,
             "strategy": recipe.strategy.name, "flops": None, "flops_per_s": None}
-
-
-def _fake_world(world: int, device) -> None:
-    """This process as rank 0 of ``world`` ranks whose collectives return at once, untouched
-    (torch's fake process group): what a rank computes at that world, none of what it sends."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
-
-    # start-up: registers torch's "fake" backend only when a rank is timed at its world
-    from suite.compat import torch as torch_compat
-
-    if dist.is_initialized():  # a group of one an earlier timing in this process left
-        dist.destroy_process_group()
-    os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")  # read by some strategies' set-up, never connected to
-    dist.init_process_group("fake", store=torch_compat.fake_store(), rank=0, world_size=world)
 
 
 def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
@@ -227,10 +228,8 @@ def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     alone = one.strategy.name != "single"
-    if world > 1:
-        _fake_world(world, device)
-    elif alone:
-        _group_of_one(device)
+    if alone:
+        _rank_zero_of(world, device)
     try:
         with torch.random.fork_rng(devices=[]), prepare.default_dtype(one.training.precision):
             ctx = DistContext(0, world, 0, world, device, "gloo" if alone else "none", (device,))
