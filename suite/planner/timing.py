@@ -222,18 +222,18 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         # 64 ms through 1F1B).
         compute_s, stage_share = max(timed_stages) / share, max(timed_stages) / sum(timed_stages)
         rate_note = f"its {stages} stages timed one by one when predicted"
-    if timed.get("strategy") == profile.strategy != "single" and timed.get("rank_step_s"):
-        # Timed as rank 0 of its own world (model_time.at_world: a strategy that splits layers),
-        # its collectives faked: that step is the rank's compute, replicated layers and all,
-        # where its FLOPs at the model's rate miss them. On its share of a core, as the rest.
-        compute_s = timed["rank_step_s"] / share
-        rate_note = "its rank timed at its own world when predicted (collectives left out)"
-        copy_s = 0.0
-    elif timed.get("strategy") == profile.strategy != "single":
-        # Timed as one rank of its own (model_time): what its code costs a rank, copies included,
-        # timed on a core of its own; run on its share of one, as the model's compute is.
-        compute_s += timed.get("overhead_s", 0.0) / share
-        copy_s = 0.0
+    if timed.get("strategy") == profile.strategy != "single":
+        copy_s = 0.0  # its copies are in its own timing
+        if timed.get("rank_step_s"):
+            # Timed as rank 0 of its own world (model_time.at_world: a strategy that splits layers),
+            # its collectives faked: that step is the rank's compute, replicated layers and all,
+            # where its FLOPs at the model's rate miss them. On its share of a core, as the rest.
+            compute_s = timed["rank_step_s"] / share
+            rate_note = "its rank timed at its own world when predicted (collectives left out)"
+        else:
+            # Timed as one rank of its own (model_time): what its code costs a rank, copies
+            # included, timed on a core of its own; run on its share of one, as the model's compute is.
+            compute_s += timed.get("overhead_s", 0.0) / share
     else:
         copy_s = copy_time_s(profile, calibration, ranks_per_node)
     per_kind = comm_time_s(profile, calibration, options, compute_s)
