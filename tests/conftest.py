@@ -44,7 +44,7 @@ def machine_calibration(tmp_path_factory):
     home = tmp_path_factory.mktemp("machine-calibration")
     env = {**os.environ, "XDG_CACHE_HOME": str(home / "cache")}
     proc = subprocess.run([sys.executable, "-m", "suite.calibrate", "--max-bytes", str(256 * 2**10),
-                           "--out", str(home / "c.json")], capture_output=True, text=True, timeout=300, env=env)
+                           "--out", str(home / "c.json")], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     return home, proc
 
