@@ -81,6 +81,19 @@ def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_pa
     assert added == pytest.approx(entry["overhead_s"] / 0.5)  # 4 ranks on 2 cores: half a core each
 
 
+def _timed_at_world(tmp_path, recipe, strategy: str) -> tuple[dict, dict, dict]:
+    """``recipe``'s timings made as a prediction makes them (one fresh process): the calibration
+    with its model entry, that entry, and the cache's entry of rank 0 timed at its world."""
+    key = timing.model_key(recipe)
+    got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, recipe.world_size)
+    entry = got["compute"]["models"][key]
+    assert entry["strategy"] == strategy and entry["rank_step_s"] > 0, entry
+    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
+    (rank,) = [e for e in cached.values() if e.get("at_world")]
+    assert rank["at_world"] == recipe.world_size and rank["strategy"] == strategy
+    return got, entry, rank
+
+
 def test_a_tensor_parallel_rank_is_timed_as_rank_0_of_its_world_on_a_fake_process_group(tmp_path, monkeypatch):
     """Tensor parallelism splits layers: one rank at tp 1 computes every layer whole, so its
     degrees are kept and rank 0 of its world is timed, peers faked (torch's fake process group:
@@ -93,14 +106,9 @@ def test_a_tensor_parallel_rank_is_timed_as_rank_0_of_its_world_on_a_fake_proces
     model = {"name": "mlp", "hidden": [256, 256]}
     recipe = _recipe({"name": "tensor", "tp": 2, "dp": 2}, 1, 4, model)
     assert model_time.at_world(recipe) and not model_time.at_world(_recipe({"name": "ddp"}, 1, 4, model))
-    key = timing.model_key(recipe)
-    got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, 4)
-    entry = got["compute"]["models"][key]
-    assert entry["strategy"] == "tensor" and entry["rank_step_s"] > 0, entry
-    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
-    (rank,) = [e for e in cached.values() if e.get("at_world")]
-    assert rank["at_world"] == 4 and rank["batch"] == 64 // 2 and rank["strategy"] == "tensor"  # dp 2 shards 64
-    options = {**timing.options_of(recipe), "model": key}
+    got, entry, rank = _timed_at_world(tmp_path, recipe, "tensor")
+    assert rank["batch"] == 64 // 2  # dp 2 shards 64
+    options = {**timing.options_of(recipe), "model": timing.model_key(recipe)}
     t = timing.predict_step_time(step_profile("tensor", 4, flops=10**6), got, options)
     assert t["compute_s"] == pytest.approx(entry["rank_step_s"] / 0.5)  # 4 ranks on 2 cores
     assert prediction(recipe, hand_calibration(cores=2))["step_time_s"] > 0  # the whole path, as a run records it
@@ -125,13 +133,8 @@ def test_a_rank_that_shards_the_parameters_is_timed_as_rank_0_of_its_world(tmp_p
     # ZeRO-3 (DeepSpeed's engine) timed on the fake group: its rank's step, cached as such.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     recipe = _recipe({"name": "zero", "stage": 3}, 1, 2, {"name": "mlp", "hidden": [256, 256]})
-    key = timing.model_key(recipe)
-    got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, 2)
-    entry = got["compute"]["models"][key]
-    assert entry["strategy"] == "zero" and entry["rank_step_s"] > 0, entry
-    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
-    (rank,) = [e for e in cached.values() if e.get("at_world")]
-    assert rank["at_world"] == 2 and rank["batch"] == 32 and rank["strategy"] == "zero"
+    _, _, rank = _timed_at_world(tmp_path, recipe, "zero")
+    assert rank["batch"] == 32
     assert "own world" in prediction(recipe, hand_calibration(cores=2))["rate"]
 
 
