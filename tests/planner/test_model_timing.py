@@ -1,6 +1,6 @@
 """The model's compute, timed when a prediction is made (suite.planner.model_time, model_rate):
 the model's own step and the strategy's code as one rank, a pipeline's stages one by one through
-their schedule, a rank that splits layers or shards parameters as rank 0 of its own world."""
+their schedule, a tensor-parallel rank as rank 0 of its own world."""
 import json
 
 import pytest
@@ -13,8 +13,7 @@ from tests.planner.small_recipe import small_recipe as _recipe
 
 def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    recipe = _recipe({"name": "fsdp", "reshard_after_forward": False}, 1, 2)  # grad-op: each rank keeps every parameter
-    assert not model_time.at_world(recipe)
+    recipe = _recipe({"name": "fsdp"}, 1, 2)
     cal = {"key": "k", "backend": "gloo", "collectives": {"all_gather": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9},
                                                            "reduce_scatter": {"alpha_s": 1e-4, "beta_bytes_per_s": 1e9}},
            "compute": {"cores": 2, "peak_flops_per_s_by_threads": {"1": 1e15, "2": 2e15}}}  # an absurd peak, unused
@@ -81,61 +80,28 @@ def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_pa
     assert added == pytest.approx(entry["overhead_s"] / 0.5)  # 4 ranks on 2 cores: half a core each
 
 
-def _timed_at_world(tmp_path, recipe, strategy: str) -> tuple[dict, dict, dict]:
-    """``recipe``'s timings made as a prediction makes them (one fresh process): the calibration
-    with its model entry, that entry, and the cache's entry of rank 0 timed at its world."""
-    key = timing.model_key(recipe)
-    got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, recipe.world_size)
-    entry = got["compute"]["models"][key]
-    assert entry["strategy"] == strategy and entry["rank_step_s"] > 0, entry
-    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
-    (rank,) = [e for e in cached.values() if e.get("at_world")]
-    assert rank["at_world"] == recipe.world_size and rank["strategy"] == strategy
-    return got, entry, rank
-
-
 def test_a_tensor_parallel_rank_is_timed_as_rank_0_of_its_world_on_a_fake_process_group(tmp_path, monkeypatch):
     """Tensor parallelism splits layers: one rank at tp 1 computes every layer whole, so its
     degrees are kept and rank 0 of its world is timed, peers faked (torch's fake process group:
     collectives return at once), at the batch a tensor-parallel rank sees (its data shard's,
-    whole). The prediction's compute is that step; a strategy whose ranks each hold the whole
-    model (DDP) is timed as one rank of its own."""
+    whole). The prediction's compute is that step; a data-parallel strategy is timed as before."""
     from tests.planner.hand_calibration import step_profile
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     model = {"name": "mlp", "hidden": [256, 256]}
     recipe = _recipe({"name": "tensor", "tp": 2, "dp": 2}, 1, 4, model)
-    assert model_time.at_world(recipe) and not model_time.at_world(_recipe({"name": "ddp"}, 1, 4, model))
-    got, entry, rank = _timed_at_world(tmp_path, recipe, "tensor")
-    assert rank["batch"] == 64 // 2  # dp 2 shards 64
-    options = {**timing.options_of(recipe), "model": timing.model_key(recipe)}
+    assert model_time.at_world(recipe) and not model_time.at_world(_recipe({"name": "fsdp"}, 1, 4, model))
+    key = timing.model_key(recipe)
+    got = model_rate.with_model_rate(hand_calibration(cores=2), recipe, key, 4)
+    entry = got["compute"]["models"][key]
+    assert entry["strategy"] == "tensor" and entry["rank_step_s"] > 0, entry
+    cached = json.loads((tmp_path / "scalesuite" / "calibration" / model_rate.CACHE_FILE).read_text())
+    (rank,) = [e for e in cached.values() if e.get("at_world")]
+    assert rank["at_world"] == 4 and rank["batch"] == 64 // 2 and rank["strategy"] == "tensor"  # dp 2 shards 64
+    options = {**timing.options_of(recipe), "model": key}
     t = timing.predict_step_time(step_profile("tensor", 4, flops=10**6), got, options)
     assert t["compute_s"] == pytest.approx(entry["rank_step_s"] / 0.5)  # 4 ranks on 2 cores
     assert prediction(recipe, hand_calibration(cores=2))["step_time_s"] > 0  # the whole path, as a run records it
-
-
-def test_a_rank_that_shards_the_parameters_is_timed_as_rank_0_of_its_world(tmp_path, monkeypatch):
-    """ZeRO-3, FSDP and HSDP's shard groups: a rank holds a shard of the parameters, gathers each
-    unit and steps the optimizer over its shard alone; one rank of its own steps it over every
-    parameter (ZeRO-3 on an MLP: about twice the rank's step). Rank 0 of its world is timed,
-    peers faked, as for tensor parallelism. Strategies whose ranks keep every parameter (DDP,
-    ZeRO-1/2, FSDP's grad-op) and pipelines (timed stage by stage) are not; nor is one rank."""
-    def sharded(strategy, per_node=2):
-        return model_time.at_world(_recipe(strategy, 1, per_node))
-
-    assert sharded({"name": "zero", "stage": 3}) and sharded({"name": "fsdp"}) and sharded({"name": "fsdp1"})
-    assert sharded({"name": "fsdp", "replicate": 2}, 4)  # HSDP: shard groups of 2
-    assert not sharded({"name": "fsdp", "replicate": 2})  # 2 replicas of 1: nothing sharded
-    assert not any(sharded(s) for s in ({"name": "ddp"}, {"name": "zero", "stage": 2}, {"name": "zero", "stage": 1},
-                                        {"name": "fsdp", "reshard_after_forward": False}, {"name": "hogwild"},
-                                        {"name": "pipeline", "stages": 2, "micro_batches": 2, "dp_mode": "fully_shard"}))
-    assert not sharded({"name": "zero", "stage": 3}, 1)
-    # ZeRO-3 (DeepSpeed's engine) timed on the fake group: its rank's step, cached as such.
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    recipe = _recipe({"name": "zero", "stage": 3}, 1, 2, {"name": "mlp", "hidden": [256, 256]})
-    _, _, rank = _timed_at_world(tmp_path, recipe, "zero")
-    assert rank["batch"] == 32
-    assert "own world" in prediction(recipe, hand_calibration(cores=2))["rate"]
 
 
 def test_a_pipelines_compute_is_its_busiest_stage_timed_alone_through_its_own_schedule(tmp_path, monkeypatch):

@@ -134,10 +134,9 @@ def test_zero3_and_fsdp_hide_half_their_gathers_under_the_whole_step():
         # On a CPU whose every core runs a rank, gloo's threads take their time from compute.
         cpu = timing.predict_step_time(step_profile(strategy, 2, comm=comm), hand_calibration(), {**options, "device": "cpu"})
         assert cpu["exposed_comm_s"] == pytest.approx(cpu["comm_s"])
-        # With more ranks than cores (4 on 2) neither: every core computes, and each unit's compute
-        # waits for its gather, priced as timed between slices of compute with every rank stepping.
+        # With more ranks than cores (4 on 2), one rank computes while another waits: the rule holds.
         more = timing.predict_step_time(step_profile(strategy, 4, comm=comm), hand_calibration(), {**options, "device": "cpu"})
-        assert more["exposed_comm_s"] == pytest.approx(more["comm_s"]) and more["comm_s"] > 0
+        assert more["exposed_comm_s"] == pytest.approx(more["comm_s"] / 2)
         # launch.device auto: the calibration's device (gloo: a CPU).
         auto = timing.predict_step_time(step_profile(strategy, 2, comm=comm), hand_calibration(), {**options, "device": "auto"})
         assert auto["exposed_comm_s"] == pytest.approx(auto["comm_s"])
