@@ -37,7 +37,7 @@ from pydantic import PositiveInt
 from suite.common.errors import SuiteError
 from suite.common.ports import free_port
 from suite.common.scratch import temp_folder
-from suite.record import run_record
+from suite.record import console
 from suite.strategies import costs
 from suite.strategies.base import StrategyOptions, refuse_world_size
 from suite.strategies.engine import Engine
@@ -310,14 +310,14 @@ class TFRun:
         self.samples += recipe.training.batch_size
         if ctx.is_main and self.step % recipe.training.log_every_steps == 0:
             rate = recipe.training.batch_size / max(1e-9, step_time_s)
-            print(run_record.step_line(self.step, self.total_steps, loss, rate), flush=True)
+            print(console.step_line(self.step, self.total_steps, loss, rate), flush=True)
 
     def log_epoch(self, ctx, recipe, record: dict) -> None:
         self.log.log("epoch", attempt=1, **record)
         self.epochs.append(record)
         self.train_time_s += record["epoch_time_s"]
         if ctx.is_main:
-            print(run_record.epoch_line(record, recipe.training.epochs), flush=True)
+            print(console.epoch_line(record, recipe.training.epochs), flush=True)
 
 
 def new_run(ctx, recipe, log, engine, steps_per_epoch: int) -> TFRun:

@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 
 from suite.common.errors import RunFailed, SuiteError
-from suite.record import run_record
+from suite.record import console, run_record
 from suite.submit import resume
 from suite.submit.restart import Restarts
 import datetime
@@ -80,7 +80,7 @@ def _main(args) -> int:
     if args.dry_run:
         for r, est in zip(points, estimates):
             print(recipes.dump(r).rstrip())
-            print(run_record.job_line(r))
+            print(console.job_line(r))
             print(_estimate_text(est))
             print(_predicted_text(r))
             print("---")
@@ -176,7 +176,7 @@ def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
             print(f"error: {budget.gave_up(e)}", file=sys.stderr, flush=True)
             failures += 1
             return None
-        print(run_record.summary_text(summary, w.run_dir), flush=True)
+        print(console.summary_text(summary, w.run_dir), flush=True)
         return None
 
     if points[0].launch.executor == "local" and wait:
@@ -188,7 +188,7 @@ def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
     watches = []
     for (r, run_dir), job in zip(runs, jobs):
         run_record.record_job(run_dir, job.job_id, r.launch.executor)
-        print(f"{run_record.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
+        print(f"{console.job_line(r)}\n  job {job.job_id}, run record: {run_dir}", flush=True)
         watches.append(follow.Watch(job, run_dir, r.training.epochs, requeue_wait_s=_requeue_wait_s(r)))
 
     def resubmit_job(w):
@@ -228,7 +228,7 @@ def _run_pooled(runs, pool, done) -> None:
                                         target_modules([p.model_dump(mode="json") for p in rest]))
         index = pool.hand_over(r, run_dir)
         run_record.record_job(run_dir, pool.job.job_id, r.launch.executor)
-        print(f"{run_record.job_line(r)}\n  job {pool.job.job_id}, run record: {run_dir}", flush=True)
+        print(f"{console.job_line(r)}\n  job {pool.job.job_id}, run record: {run_dir}", flush=True)
         return follow.PoolWatch(pool, index, run_dir, r.training.epochs)
 
     def resubmit_in_new_pool(n, run_dir):

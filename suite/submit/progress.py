@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from suite.record import run_record
+from suite.record import console
 
 
 class Progress:
@@ -37,7 +37,7 @@ class Progress:
             if rec.get("rank") != 0:
                 continue
             if rec["kind"] == "epoch":
-                self.printer(self.prefix + run_record.epoch_line(rec, self.total_epochs))
+                self.printer(self.prefix + console.epoch_line(rec, self.total_epochs))
                 self.last_print, self.last_step = time.time(), None
             elif rec["kind"] == "step" and rec.get("global_loss") is not None:
                 self.last_step = rec

@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from suite.record import metrics, run_record
+from suite.record import console, metrics, run_record
 from suite.record.allocated import STEPS as allocated_steps
 from suite.strategies import prepare
 from suite.train import checkpoint, stop
@@ -230,7 +230,7 @@ class StepLoop:
         self._pending = []
         if self.ctx.is_main:
             rate = self.tr.batch_size / max(1e-9, self.step_times_s[-1])
-            print(run_record.step_line(self.step, self.total_steps, p.losses[-1], rate), flush=True)
+            print(console.step_line(self.step, self.total_steps, p.losses[-1], rate), flush=True)
         preempted, cancelled = (v > 0 for v in table[-1, :2].tolist())
         if preempted or cancelled or self._checkpoint_due():
             # beside training (checkpoint.save), but whole before a stop ends the process

@@ -20,7 +20,7 @@ from suite.common import cpu_cap, network
 from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
-from suite.record import metrics, run_record, wandb_export
+from suite.record import console, metrics, run_record, wandb_export
 from suite.record.allocated import AllocatedPeak
 from suite.train.tracking import RankLog
 from suite.strategies import prepare
@@ -214,7 +214,7 @@ def _train_engine(recipe, ctx, run_dir, watcher_pid, setup, train_set, val_set, 
     loop = StepLoop(ctx, engine, log, tr, total_steps, run_dir, setup.task, lr_at, allocated, balancer)
     loop.resume()
     stop.install_handlers(watcher_pid)
-    printer = (lambda rec: print(run_record.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
+    printer = (lambda rec: print(console.epoch_line(rec, tr.epochs), flush=True)) if ctx.is_main else None
     try:
         epochs = loop.run(sampler, loader, val_loader, printer)
         _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict, memory_start, allocated.stop())

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import wandb_runs
 from suite.models import flops as model_flops
-from suite.record import flops, metrics, peak, run_record, wandb_export
+from suite.record import console, flops, metrics, peak, run_record, wandb_export
 from suite.train import rank as train_rank
 from suite.record.utilisation import CpuProbe, UtilisationSampler
 from suite.record.run_record import read_json, read_metrics
@@ -83,7 +83,7 @@ def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metr
     assert summary["peak_measurement"]["threads"] == 1 and summary["peak_measurement"]["precision"] == "fp32"
     assert 0 < summary["mfu"] <= 1
     assert summary["mfu"] == pytest.approx(summary["achieved_flops_per_s"] / (2 * summary["peak_flops_per_s"]))
-    assert "(measured peak per device)" in run_record.summary_text(summary, run_dir)
+    assert "(measured peak per device)" in console.summary_text(summary, run_dir)
     assert read_json(tmp_path / "cache" / "scalesuite" / "peak_flops.json")[peak.cache_key("fp32", 1)][
         "peak_flops_per_s"] == summary["peak_flops_per_s"]
 
