@@ -270,3 +270,7 @@ def test_a_failed_tasks_error_is_read_at_once_while_its_peers_still_run(tmp_path
         assert job.state == "RUNNING"
     finally:
         job.cancel(check=False)
+        # Its controller prints the interrupt as it ends: inside the test, not after pytest has exited.
+        deadline = time.time() + 10
+        while not job.done() and time.time() < deadline:
+            time.sleep(0.1)
