@@ -14,7 +14,8 @@ would be a replica's, not the whole batch's gradient's. ``tf_mirrored_loop`` cli
 """
 from typing import ClassVar, Literal
 
-from suite.strategies._tensorflow import TF_REFUSES, MirroredOptions, train_fit
+from suite.strategies._tensorflow import TF_REFUSES, MirroredOptions
+from suite.strategies._tf_train import train_fit
 from suite.strategies.keys import Refused
 
 

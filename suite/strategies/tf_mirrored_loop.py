@@ -3,7 +3,8 @@
 "custom data-parallel loop". Replicas as in ``tf_mirrored`` (logical CPU devices without a GPU)."""
 from typing import Literal
 
-from suite.strategies._tensorflow import MirroredOptions, train_loop
+from suite.strategies._tensorflow import MirroredOptions
+from suite.strategies._tf_train import train_loop
 
 
 class Options(MirroredOptions):

@@ -12,7 +12,8 @@ tensorflow/tensorflow issue 72388, open).
 """
 from typing import ClassVar, Literal
 
-from suite.strategies._tensorflow import TFOptions, train_loop, write_tf_config
+from suite.strategies._tensorflow import TFOptions, write_tf_config
+from suite.strategies._tf_train import train_loop
 
 
 class Options(TFOptions):

@@ -3,7 +3,8 @@
 from typing import ClassVar, Literal
 
 from suite.strategies import costs
-from suite.strategies._tensorflow import TFOptions, train_fit
+from suite.strategies._tensorflow import TFOptions
+from suite.strategies._tf_train import train_fit
 
 
 class Options(TFOptions):
