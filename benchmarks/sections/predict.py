@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from common import BASE, ROOT, Bench, Section
+from suite.advise import trust
 
 MEDIAN, P90, TAU = 0.15, 0.30, 0.8
 
@@ -182,6 +183,17 @@ def swapped_pairs(items: list[tuple]) -> list[str]:
     return out
 
 
+def pairs_by_gap(groups, band: float) -> tuple[list[bool], list[bool]]:
+    """For every pair of configurations within a group ((predicted, measured) of each), whether
+    it ran in the other order than predicted: the pairs predicted less than ``band`` apart (the
+    larger predicted step over the smaller, less 1), then the others."""
+    near, far = [], []
+    for group in groups:
+        for (pa, ma), (pb, mb) in itertools.combinations(group, 2):
+            (near if max(pa, pb) / min(pa, pb) - 1 < band else far).append((pa - pb) * (ma - mb) < 0)
+    return near, far
+
+
 # A configuration whose rounds (``--repeats`` >= 2) disagree by SPREAD or more runs up to
 # SETTLE_ROUNDS times more, so that the median of its runs is not one slow spell's. On the 2-core
 # Intel VM of 2026-11-27 two rounds of the same 32 configurations differed by a median 22 % (90th
@@ -259,6 +271,10 @@ def run(bench: Bench) -> Section:
         s.lines += ["Refused before launch (the strategy's checks): " + ", ".join(skipped), ""]
     s.table(["model", "world", "strategies", "Kendall tau", "pairs swapped (~: measured ranges overlap)"],
             [[k[0], k[1], len(by_model[k]), t, " ".join(swapped_pairs(spread[k])) or "none"] for k, t in taus.items()])
+    near, far = pairs_by_gap(by_model.values(), trust.DEFAULT_BAND)
+    s.lines += [f"Pairs of strategies of one model and world predicted under {trust.DEFAULT_BAND:.0%} apart (the band "
+                f"within which `suite.advise` marks two configurations as not settled, ≈): {sum(near)} of {len(near)} "
+                f"ran in the other order; predicted farther apart: {sum(far)} of {len(far)}.", ""]
     if rounds > 1:
         s.lines += ["A pair marked ~ swapped within its runs' spread: its measured order is not settled by "
                     f"{rounds} runs. The target counts every swapped pair.", ""]

@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--verify", type=int, default=0, metavar="K", help="run the best K for --verify-steps steps and "
                    "print predicted against measured")
     p.add_argument("--verify-steps", type=int, default=20)
+    p.add_argument("--runs", default="runs", help="the run records whose predicted and measured step times say how "
+                   "far apart two predictions must be to be ordered (default: runs/, as suite.submit writes them)")
     p.add_argument("--out", default="runs/advise", help="folder for advice.md, advice.csv and the verify runs")
     p.add_argument("--verbose", action="store_true", help="show library warnings")
     return p.parse_intermixed_args(argv)

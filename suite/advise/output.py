@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from suite.advise import trust
 from suite.planner import hardware
 
 
@@ -21,34 +22,38 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g}"
 
 
-def rows(candidates) -> list[dict]:
+def rows(candidates, within: float) -> list[dict]:
+    """The ranked configurations; ``not_settled_with``: the best-ranked configuration whose
+    predicted throughput this one comes within ``within`` of (``suite.advise.trust``)."""
+    fitting = [c for c in candidates if not c.excluded]
+    marks = trust.not_settled([c.time.get("samples_per_s") or 0 for c in fitting], within)
     out = []
-    for c in candidates:
-        if c.excluded:
-            continue
+    for c, j in zip(fitting, marks):
         t = c.time
         out.append({"configuration": c.name, "step_ms": _ms(t["step_s"]),
                     "samples_per_s": f"{t['samples_per_s']:.4g}" if t.get("samples_per_s") else "",
                     "compute_ms": _ms(t["compute_s"]), "exposed_comm_ms": _ms(t["exposed_comm_s"]),
                     "bubble": f"{t['bubble']:.2f}", "peak_gib": f"{c.profile.peak_bytes / 2**30:.3g}",
                     "source": c.profile.source, "overrides": " ".join(c.overrides),
-                    "launch": f"launch.nodes={c.recipe.launch.nodes} launch.tasks_per_node={c.recipe.launch.tasks_per_node}"})
+                    "launch": f"launch.nodes={c.recipe.launch.nodes} launch.tasks_per_node={c.recipe.launch.tasks_per_node}",
+                    "not_settled_with": "" if j is None else str(j + 1)})
     return out
 
 
 def write(candidates, raw: dict, profile: dict, args, per_node: int, memory_what: str, out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    table = rows(candidates)
+    within, source = trust.band(Path(args.runs), profile)
+    table = rows(candidates, within)
     with open(out / "advice.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["configuration"])
         writer.writeheader()
         writer.writerows(table)
-    text = markdown(candidates, table, raw, profile, args, per_node, memory_what)
+    text = markdown(candidates, table, raw, profile, args, per_node, memory_what, within, source)
     (out / "advice.md").write_text(text)
     return text
 
 
-def markdown(candidates, table, raw, profile, args, per_node, memory_what) -> str:
+def markdown(candidates, table, raw, profile, args, per_node, memory_what, within: float, band_source: str) -> str:
     world = args.nodes * per_node
     batch = "the recipe's per-rank batch kept (weak scaling)" if args.weak_scaling else \
         f"global batch {(raw.get('training') or {}).get('batch_size', '?')}"
@@ -60,12 +65,16 @@ def markdown(candidates, table, raw, profile, args, per_node, memory_what) -> st
                   "(python -m suite.calibrate under Slurm) before trusting the order.", ""]
     if table:
         lines += [f"## Best {min(args.top, len(table))} of {len(table)} that fit, by predicted samples/s", "",
-                  "| # | configuration | step ms | samples/s | compute ms | exposed comm ms | bubble | peak GiB/rank "
-                  "| profile | run it with |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| # | configuration | step ms | samples/s | not settled against | compute ms | exposed comm ms | bubble "
+                  "| peak GiB/rank | profile | run it with |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for i, r in enumerate(table[:args.top], 1):
-            lines.append(f"| {i} | {r['configuration']} | {r['step_ms']} | {r['samples_per_s']} | {r['compute_ms']} | "
+            against = f"≈ #{r['not_settled_with']}" if r["not_settled_with"] else ""
+            lines.append(f"| {i} | {r['configuration']} | {r['step_ms']} | {r['samples_per_s']} | {against} | {r['compute_ms']} | "
                          f"{r['exposed_comm_ms']} | {r['bubble']} | {r['peak_gib']} | {r['source']} | "
                          f"`{r['overrides']} {r['launch']}` |")
+        lines += ["", f"≈ #k: predicted within {within:.0%} of #k's throughput, closer than the time model can order two "
+                  f"configurations. That band: {band_source}. On the suite's benchmark a third of the pairs predicted "
+                  "under 10 % apart ran the other way round. --verify K runs the best K and measures them."]
     else:
         lines += ["Nothing fits or runs here: see the reasons below (--weak-scaling keeps the per-rank batch; "
                   "more nodes or a larger device give each rank less to hold).", ""]

@@ -37,13 +37,22 @@ def run(candidates, raw: dict, steps: int, out: Path, progress=print) -> str:
     progress(f"verify: the best {len(candidates)}, {steps} steps each: " + ", ".join(c.name for c in candidates))
     outcomes = run_grouped([f"advise-{i}" for i in range(1, len(candidates) + 1)],
                            [_short(c, steps) for c in candidates], "strategy", out / "verify", progress)
+    rates = {}  # measured samples/s of each verified rank (the advice's order is by predicted samples/s)
     for i, (c, folder) in enumerate(zip(candidates, outcomes), 1):
         if isinstance(folder, SuiteError):  # RunFailed too: the point's own error line
             lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | failed | | {' '.join(str(folder).split())[:120]} |")
             continue
-        measured = json.loads((Path(folder) / "summary.json").read_text()).get("step_time_s")
+        summary = json.loads((Path(folder) / "summary.json").read_text())
+        measured = summary.get("step_time_s")
         ratio = f"{measured / c.step_s:.2f}" if measured and c.step_s else ""
         lines.append(f"| {i} | {c.name} | {c.step_s * 1e3:.3g} | {measured * 1e3:.3g} | {ratio} | {folder} |")
+        if measured and summary.get("global_batch"):
+            rates[i] = summary["global_batch"] / measured
+    if len(rates) > 1:
+        order = sorted(rates, key=rates.get, reverse=True)
+        lines += ["", "Measured, fastest first: " + ", ".join(f"#{i}" for i in order)
+                  + (" (the advice's order)" if order == sorted(order) else
+                     " (the advice's order differs: see ≈ in the table above for the pairs it could not settle)")]
     text = "\n".join(lines) + "\n"
     with open(out / "advice.md", "a") as f:
         f.write("\n" + text)

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from suite.advise.trust import DEFAULT_BAND
+
 
 def _env(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # W&B as the recipe says (offline)
@@ -18,8 +20,9 @@ def _env(tmp_path):
 
 
 def _run(args, tmp_path, timeout=600):
-    return subprocess.run([sys.executable, "-m", "suite.advise", *args], capture_output=True, text=True,
-                          timeout=timeout, env=_env(tmp_path))
+    # --runs: the run records that measure the advisor's band are this test's own, never the checkout's runs/.
+    return subprocess.run([sys.executable, "-m", "suite.advise", *args, "--runs", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=timeout, env=_env(tmp_path))
 
 
 def _clean(proc):
@@ -49,12 +52,23 @@ def test_advise_verify_runs_the_best_and_sets_measured_beside_predicted(calibrat
     assert all("launch.tasks_per_node=2" in r["launch"] for r in ranked)
     steps = [float(r["step_ms"]) for r in ranked]
     assert steps == sorted(steps)  # one global batch: best throughput = shortest step
+    # Each configuration predicted within the band (no runs recorded under --runs: the default) of a
+    # better-ranked one names it; the advice says where the band came from.
+    rates = [float(r["samples_per_s"]) for r in ranked]
+    for i, r in enumerate(ranked):
+        close = [j + 1 for j in range(i) if rates[j] <= rates[i] * (1 + DEFAULT_BAND)]
+        assert r["not_settled_with"] == (str(close[0]) if close else ""), ranked
+    assert "closer than the time model can order two configurations. That band: the suite's own benchmark on a " \
+        "2-core CPU VM; 0 pair(s) of runs" in " ".join(proc.stdout.split())
     verified = re.findall(r"^\| (\d) \| (\S+) \| ([\d.e+-]+) \| ([\d.e+-]+) \| ([\d.]+) \| (\S+) \|$", proc.stdout, re.M)
     assert [v[1] for v in verified] == [r["configuration"] for r in ranked[:3]], proc.stdout
     for _, _, predicted, measured, ratio, folder in verified:
         assert float(measured) > 0 and abs(float(ratio) - float(measured) / float(predicted)) < 0.01 * float(ratio) + 0.01
         assert os.path.exists(os.path.join(folder, "summary.json"))
     assert "## Verified" in (out / "advice.md").read_text()
+    # The measured order of the verified, against the advice's: every verified rank named once.
+    order = re.search(r"^Measured, fastest first: (#\d(?:, #\d)*) \(the advice's order", proc.stdout, re.M)
+    assert order and sorted(order.group(1).split(", ")) == ["#1", "#2", "#3"], proc.stdout[-1500:]
 
 
 def test_advise_at_1024_ranks_on_the_h100_preset(tmp_path):
