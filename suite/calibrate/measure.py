@@ -37,7 +37,7 @@ import warnings
 import multiprocessing
 from suite.common import network
 from suite.common.errors import SuiteError
-from suite.calibrate.rank_timings import (BURST_CALLS, MAX_BYTES, MIN_BYTES, POOLED, sizes,
+from suite.calibrate.rank_timings import (MAX_BYTES, MIN_BYTES, POOLED, sizes,
                                           time_burst, time_collectives, time_in_groups, time_in_step)
 
 MAX_PASSES = 3  # passes of the collectives' timing where the machine's speed swings (calibrate, combined)
@@ -62,9 +62,9 @@ def combined(passes: list[dict]) -> dict:
                       for j in range(len(v))] for kind, v in (first.get("in_step") or {}).items()}
     grouped = {g: {kind: [(n, median(p["grouped"][g][kind][i][1] for p in passes)) for i, (n, _) in enumerate(pts)]
                    for kind, pts in by_kind.items()} for g, by_kind in (first.get("grouped") or {}).items()}
-    bursts = [p["burst"] for p in passes if p.get("burst") is not None]
-    return {**first, "points": points, "grouped": grouped, "in_step": in_step, "burst": median(bursts) if bursts else None,
-            "passes": len(passes)}
+    bursts = [p["burst"] for p in passes if p.get("burst")]
+    burst = {calls: median(b[calls] for b in bursts) for calls in bursts[0]} if bursts else None
+    return {**first, "points": points, "grouped": grouped, "in_step": in_step, "burst": burst, "passes": len(passes)}
 
 
 def pooled(in_step: dict) -> dict:
@@ -108,7 +108,8 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
             progress("  in a step      " + "  ".join(f"{k} " + "/".join(f"{t * 1e3:.2f}" for _, t in v) + " ms"
                                                      for k, v in in_step.items())
                      + " (between " + "/".join(f"{s * 1e3:.2f}" for s, _ in next(iter(in_step.values()))) + " ms of compute)")
-            progress(f"  in a burst     all_reduce {burst * 1e3:.2f} ms a call ({BURST_CALLS} after compute)")
+            progress("  in a burst     all_reduce " + ", ".join(f"{t * 1e3:.2f} ms a call in {n}" for n, t in burst.items())
+                     + " after compute")
         hosts = [None] * ctx.world_size
         dist.all_gather_object(hosts, network.node_name())  # Slurm's node names where it runs there
         import torch  # start-up: torch loads on the ranks only

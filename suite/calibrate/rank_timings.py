@@ -23,6 +23,13 @@ IN_STEP_SLICES = ((8, 4), (16, 16))
 IN_STEP_BYTES = 4096
 BURST_CALLS = 8  # calls one after another after a slice of compute, per burst (time_burst)
 BURST_ROUNDS = 6  # bursts per timed round
+# A long burst, timed too where each rank has a core: a call's cost falls with the burst's length
+# (the ranks stay awake in step). Measured with gloo on the 2-core EPYC VM, 4 KiB all-reduces after
+# 2.5 ms of compute, 2 ranks: 1.6-2.4 ms a call in bursts of 8, 1.5-1.7 ms in 64, 0.9-1.2 ms in
+# 256, over five runs; a per-tensor all-reduce of RegNetX-400MF (215 tensors) paid 0.8 ms a call
+# in its run, and was predicted from the burst of 8 at 1.8x its step. At 4 ranks on 2 cores a call
+# cost 5.4-6.1 ms in bursts of 8 to 215 alike, and a long burst there would take seconds: not timed.
+BURST_LONG_CALLS = 256
 POOLED = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -184,32 +191,42 @@ def _compute_slice(channels: int, batch: int):
     return lambda: conv(images).sum().backward()
 
 
-def time_burst(world: int, rank: int) -> float:
-    """What one small all-reduce costs when ``BURST_CALLS`` follow one another after a slice of
-    compute (the larger of ``IN_STEP_SLICES``), as a per-tensor all-reduce after backward issues
-    them (``Overlap.back_to_back``); the slowest rank's. Neither the calls after a barrier
-    (``time_collectives``) nor those between slices of compute (``time_in_step``) tell it:
-    measured with gloo, one rank per core on 2 cores (2026-11-26), 1.7-2.2 ms per call of 64 B to
-    256 KiB in bursts of 1, 4 or 10 after 2 ms of compute, against 0.3 ms after a barrier and
-    0.85 ms between 0.4 ms slices; a run's per-tensor all-reduce paid 1.75 ms a call. Rounds with
-    and without the calls side by side, the median of their differences."""
+def time_burst(world: int, rank: int) -> dict[int, float]:
+    """What one small all-reduce costs when ``calls`` follow one another after a slice of compute
+    (the larger of ``IN_STEP_SLICES``), as a per-tensor all-reduce after backward issues them
+    (``Overlap.back_to_back``): {calls: seconds a call}, the slowest rank's, for bursts of
+    ``BURST_CALLS`` and, where no rank of this node shares a core, ``BURST_LONG_CALLS``. Neither
+    the calls after a barrier (``time_collectives``) nor those between slices of compute
+    (``time_in_step``) tell it: measured with gloo, one rank per core on 2 cores (2026-11-26),
+    1.7-2.2 ms per call of 64 B to 256 KiB in bursts of 1, 4 or 10 after 2 ms of compute, against
+    0.3 ms after a barrier and 0.85 ms between 0.4 ms slices. Rounds with and without the calls
+    side by side, the median of their differences; about as many calls or more in a long burst's
+    rounds as in a short one's."""
+    import os
+
     import torch  # start-up: loads torch, numpy only when this runs
     import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
     compute, call = _compute_slice(*IN_STEP_SLICES[-1]), _op("all_reduce", IN_STEP_BYTES, world, rank)
 
-    def timed(calls: int) -> float:
+    def timed(calls: int, rounds: int) -> float:
         dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(BURST_ROUNDS):
+        for _ in range(rounds):
             compute()
             for _ in range(calls):
                 call()
         return time.perf_counter() - t0
 
-    timed(BURST_CALLS)  # warm-up
-    pairs = [(timed(0), timed(BURST_CALLS)) for _ in range(IN_STEP_ROUNDS)]
-    per_call = max(0.0, statistics.median(b - a for a, b in pairs)) / (BURST_ROUNDS * BURST_CALLS)
-    slowest = torch.tensor([per_call], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest)
+    timed(BURST_CALLS, BURST_ROUNDS)  # warm-up
+    on_node = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+    lengths = (BURST_CALLS, BURST_LONG_CALLS) if on_node <= len(os.sched_getaffinity(0)) else (BURST_CALLS,)
+    out = {}
+    for calls in lengths:
+        rounds = max(1, BURST_ROUNDS * BURST_CALLS // calls)
+        pairs = [(timed(0, rounds), timed(calls, rounds)) for _ in range(IN_STEP_ROUNDS)]
+        per_call = max(0.0, statistics.median(b - a for a, b in pairs)) / (rounds * calls)
+        slowest = torch.tensor([per_call], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        out[calls] = float(slowest)
+    return out

@@ -50,6 +50,7 @@ FORMULAS = {
 }
 # Timed by the calibration: send and recv are one measurement (a ping-pong, half the round trip).
 MEASURED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
+BURST_SHORT = 8  # the calls of the burst a calibration's one burst time was timed in (rank_timings.BURST_CALLS)
 BORROWED = {"recv": "send", "all_to_all": "all_gather", "barrier": "all_reduce", "reduce": "broadcast",
             "gather": "all_gather", "scatter": "all_gather"}
 
@@ -108,8 +109,11 @@ def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None, 
            "median_relative_error": sorted(errors)[len(errors) // 2]}
     if in_step and a:
         out["step_alpha"] = [[slice_s, t / a] for slice_s, t in sorted(in_step)]
-    if burst is not None and a:
-        out["burst_alpha"] = burst / a
+    bursts = {BURST_SHORT: burst} if isinstance(burst, (int, float)) else burst or {}  # a number: a burst of 8
+    if bursts and a:
+        out["burst_alpha"] = min(bursts.items())[1] / a  # the shortest burst's, as calibrations before the long one
+        if len(bursts) > 1:
+            out["burst_alpha_by_calls"] = [[int(n), t / a] for n, t in sorted(bursts.items(), key=lambda b: int(b[0]))]
     return out
 
 
@@ -161,13 +165,28 @@ def _point_betas(f: dict, kind: str) -> list[tuple[float, float]]:
     return [(n, b * n / (t - c0)) for n, t in _envelope(f["points"]) if n > 0 and t >= 2 * c0]
 
 
-def burst_alpha(f: dict) -> float:
-    """The latency per call of calls issued back to back after compute: the larger of the fit's
-    alpha and the calibration's burst (``fit``); without a burst measured (a calibration from
+def burst_alpha(f: dict, calls: float | None = None) -> float:
+    """The latency per call of ``calls`` calls issued back to back after compute: the larger of
+    the fit's alpha and the calibration's burst (``fit``), interpolated on log(calls) between the
+    burst lengths it timed and held at the ends (``rank_timings.BURST_LONG_CALLS``: with a core
+    per rank a call costs less in a long burst); without a burst measured (a calibration from
     before it), what a call costs between the shortest slices of compute."""
+    by_calls = f.get("burst_alpha_by_calls")
+    if by_calls and calls:
+        return max(f["alpha_s"], _on_log(by_calls, calls))
     if "burst_alpha" in f:
         return max(f["alpha_s"], f["burst_alpha"])
     return step_alpha(f, 0.0)
+
+
+def _on_log(points: list, x: float) -> float:
+    """y at ``x`` between (x, y) ``points`` sorted by x, linear in log(x), held at the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    (x0, y0), (x1, y1) = next((p, q) for p, q in zip(points, points[1:]) if p[0] <= x <= q[0])
+    return y0 + (math.log(x / x0) / math.log(x1 / x0) * (y1 - y0) if x1 > x0 else 0.0)
 
 
 def step_alpha(f: dict, slice_s: float | None = None) -> float:
@@ -177,15 +196,7 @@ def step_alpha(f: dict, slice_s: float | None = None) -> float:
     curve = f.get("step_alpha")
     if not curve or slice_s is None:
         return f["alpha_s"]
-    if slice_s <= curve[0][0]:
-        at = curve[0][1]
-    elif slice_s >= curve[-1][0]:
-        at = curve[-1][1]
-    else:
-        (s0, a0), (s1, a1) = next((p, q) for p, q in zip(curve, curve[1:]) if p[0] <= slice_s <= q[0])
-        w = math.log(slice_s / s0) / math.log(s1 / s0) if s1 > s0 else 0.0
-        at = a0 + w * (a1 - a0)
-    return max(f["alpha_s"], at)
+    return max(f["alpha_s"], _on_log(curve, slice_s))
 
 
 def _envelope(points) -> list[tuple[float, float]]:

@@ -191,7 +191,7 @@ def _kind_time_s(kind: str, calls: int, n_bytes: int, profile: StepProfile, cali
     in a burst of calls after compute."""
     size, link = groups.group_of(kind, options, profile, data)
     f = groups.fit_for(kind, size, link, profile, calibration, options)
-    alpha_s = alpha_beta.burst_alpha(f) if burst else alpha_beta.step_alpha(f, slice_s)
+    alpha_s = alpha_beta.burst_alpha(f, calls) if burst else alpha_beta.step_alpha(f, slice_s)
     slowdown = groups.group_slowdown(kind, size, link, profile, calibration, options)
     alpha_s *= slowdown
     # Where the node's groups share its cores, their bytes move at the rate timed with them all at once.

@@ -126,6 +126,30 @@ def test_calls_back_to_back_cost_the_larger_of_alpha_and_a_call_in_a_burst():
     assert "burst_alpha" not in older and alpha_beta.burst_alpha(older) == pytest.approx(5e-4)  # the shortest slice's
 
 
+def test_a_call_in_a_longer_burst_costs_what_the_burst_lengths_timed_say_on_log_calls():
+    """Bursts of 8 and 256 calls timed (with a core per rank a call costs less in a long burst): a
+    step's n calls back to back each cost the burst's price at n, linear in log(n), held at the
+    ends; a calibration with one burst length prices every length at it."""
+    points, in_step = [(4096, 2e-4), (2**20, 1e-3), (2**22, 3e-3)], [[2.5e-3, 3e-3], [5e-4, 1e-3]]
+    f = alpha_beta.fit("all_reduce", 2, points, in_step=in_step, burst={8: 4e-3, 256: 1e-3})
+    assert f["burst_alpha"] == pytest.approx(2e-3) and f["burst_alpha_by_calls"] == [[8, 2e-3], [256, 5e-4]]
+    assert alpha_beta.burst_alpha(f, 8) == pytest.approx(2e-3)
+    assert alpha_beta.burst_alpha(f, 4) == pytest.approx(2e-3)  # held at the shortest
+    assert alpha_beta.burst_alpha(f, 1000) == pytest.approx(5e-4)  # and at the longest
+    assert alpha_beta.burst_alpha(f, math.sqrt(8 * 256)) == pytest.approx((2e-3 + 5e-4) / 2)  # halfway on log(calls)
+    assert alpha_beta.burst_alpha(f) == pytest.approx(2e-3)  # no length given: the shortest burst's
+    assert alpha_beta.burst_alpha({**f, "alpha_s": 1e-3}, 256) == 1e-3  # never below alpha
+    one = alpha_beta.fit("all_reduce", 2, points, in_step=in_step, burst=4e-3)  # one length (before the long one)
+    assert "burst_alpha_by_calls" not in one and alpha_beta.burst_alpha(one, 215) == pytest.approx(2e-3)
+    # The time model prices a per-tensor all-reduce's calls at the burst of their number.
+    fits = {k: {"alpha_s": 1e-6, "beta_bytes_per_s": BETA} for k in alpha_beta.MEASURED}
+    fits["all_reduce"] = {**f, "alpha_s": 1e-6}
+    for calls, alpha in ((8, 2e-3), (256, 5e-4)):
+        profile = step_profile("allreduce", 2, comm={"all_reduce": (0, calls)})  # latency alone
+        t = timing.comm_time_s(profile, hand_calibration(fits=fits), {"name": "allreduce", "ranks_per_node": 2})
+        assert t["all_reduce"] == pytest.approx(calls * 2 * alpha)  # 2(N-1) = 2 alphas a call
+
+
 # ---- the measurement -------------------------------------------------------------------------
 
 def _pass(scale: float, speed: list[float]) -> dict:
@@ -134,7 +158,7 @@ def _pass(scale: float, speed: list[float]) -> dict:
     return {"points": {kind: [(n, scale * alpha_beta.call_time_s(kind, 2, n, 1e-4, 1e9)) for n in sizes]
                        for kind in alpha_beta.MEASURED},
             "in_step": {kind: [[1e-3, scale * 5e-4], [5e-3, scale * 1e-3]] for kind in alpha_beta.MEASURED},
-            "burst": scale * 8e-4, "speed": [(0.0, r) for r in speed], "hosts": ["vm"], "backend": "gloo",
+            "burst": {8: scale * 8e-4, 256: scale * 4e-4}, "speed": [(0.0, r) for r in speed], "hosts": ["vm"], "backend": "gloo",
             "threads": 1, "world_size": 2}
 
 
@@ -156,6 +180,7 @@ def test_where_the_machine_swings_while_timing_the_collectives_are_timed_again_a
     assert f["alpha_s"] == pytest.approx(1.05e-4 if swings else 1e-4, rel=1e-6)  # the median pass's, not the slow one's
     assert f["beta_bytes_per_s"] == pytest.approx(1e9 / 1.05 if swings else 1e9, rel=1e-6)
     assert f["burst_alpha"] == pytest.approx((8.4e-4 if swings else 8e-4) / 2)
+    assert f["burst_alpha_by_calls"][1] == [256, pytest.approx((4.2e-4 if swings else 4e-4) / 2)]
     assert f["step_alpha"][0][1] == pytest.approx((5.25e-4 if swings else 5e-4) / 2)
     assert len(c["compute"]["speed_samples"]) == (7 if swings else 3)
 
@@ -196,6 +221,12 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     bursts = {k: f.get("burst_alpha") for k, f in c["collectives"].items()}
     assert bursts["all_reduce"] > 0 and bursts["all_gather"] == bursts["reduce_scatter"] == bursts["all_reduce"] * 2
     assert bursts["send"] is None and bursts["broadcast"] is None
+    # and, where each of the 2 ranks has a core, a long burst too
+    lengths = c["collectives"]["all_reduce"].get("burst_alpha_by_calls")
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert [n for n, _ in lengths] == [8, 256] and all(a > 0 for _, a in lengths)
+    else:
+        assert lengths is None
     assert "in a step" in proc.stdout and "in a burst" in proc.stdout
     # the machine's speed sampled at the ranks' start and end and at the calibration's own end
     samples = c["compute"]["speed_samples"]
