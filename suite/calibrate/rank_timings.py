@@ -5,6 +5,7 @@ the ranks calling at once (``time_in_groups``), small calls between slices of co
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -202,8 +203,6 @@ def time_burst(world: int, rank: int) -> dict[int, float]:
     0.3 ms after a barrier and 0.85 ms between 0.4 ms slices. Rounds with and without the calls
     side by side, the median of their differences; about as many calls or more in a long burst's
     rounds as in a short one's."""
-    import os
-
     import torch  # start-up: loads torch, numpy only when this runs
     import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
 
