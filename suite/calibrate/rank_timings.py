@@ -218,8 +218,12 @@ def time_burst(world: int, rank: int) -> dict[int, float]:
         return time.perf_counter() - t0
 
     timed(BURST_CALLS, BURST_ROUNDS)  # warm-up
+    # Every rank must time the same bursts, or the long one's calls would wait for ranks that skip
+    # it: the long burst only where every node has a core for each of its ranks.
     on_node = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
-    lengths = (BURST_CALLS, BURST_LONG_CALLS) if on_node <= len(os.sched_getaffinity(0)) else (BURST_CALLS,)
+    core_each = torch.tensor([int(on_node <= len(os.sched_getaffinity(0)))])
+    dist.all_reduce(core_each, op=dist.ReduceOp.MIN)
+    lengths = (BURST_CALLS, BURST_LONG_CALLS) if core_each.item() else (BURST_CALLS,)
     out = {}
     for calls in lengths:
         rounds = max(1, BURST_ROUNDS * BURST_CALLS // calls)

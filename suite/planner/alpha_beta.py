@@ -109,11 +109,13 @@ def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None, 
            "median_relative_error": sorted(errors)[len(errors) // 2]}
     if in_step and a:
         out["step_alpha"] = [[slice_s, t / a] for slice_s, t in sorted(in_step)]
-    bursts = {BURST_SHORT: burst} if isinstance(burst, (int, float)) else burst or {}  # a number: a burst of 8
-    if bursts and a:
-        out["burst_alpha"] = min(bursts.items())[1] / a  # the shortest burst's, as calibrations before the long one
-        if len(bursts) > 1:
-            out["burst_alpha_by_calls"] = [[int(n), t / a] for n, t in sorted(bursts.items(), key=lambda b: int(b[0]))]
+    # {calls: seconds a call} (rank_timings.time_burst); a number: a burst of 8, as timed before the long one
+    bursts = {BURST_SHORT: burst} if isinstance(burst, (int, float)) else burst or {}
+    lengths = sorted((int(n), t) for n, t in bursts.items())
+    if lengths and a:
+        out["burst_alpha"] = lengths[0][1] / a  # the shortest burst's: what a calibration with one length stored
+        if len(lengths) > 1:
+            out["burst_alpha_by_calls"] = [[n, t / a] for n, t in lengths]
     return out
 
 
@@ -129,13 +131,7 @@ def beta_at(f: dict, kind: str, message_bytes: float) -> float:
     betas = _point_betas(f, kind)
     if not betas or message_bytes <= 0:
         return f["beta_bytes_per_s"]
-    if message_bytes <= betas[0][0]:
-        return betas[0][1]
-    if message_bytes >= betas[-1][0]:
-        return betas[-1][1]
-    (n0, b0), (n1, b1) = next((p, q) for p, q in zip(betas, betas[1:]) if p[0] <= message_bytes <= q[0])
-    w = math.log(message_bytes / n0) / math.log(n1 / n0)
-    return b0 + w * (b1 - b0)
+    return _on_log(betas, message_bytes)
 
 
 def beta_of_sizes(f: dict, kind: str, sizes: dict[str, int] | None, mean_bytes: float) -> float:
