@@ -105,6 +105,18 @@ def entries(value, at: str) -> list[str]:
     return items
 
 
+# A descriptive field's sentences (clauses between ';' and '.'): each is the source's (resting on
+# the reference-table rows its field or its own parentheses name) or starts with a label of ours.
+OURS = "ours:"
+LABELS = (OURS, "assumption:", "interpretation:", "derived:")
+_SENTENCE_END = re.compile(r";\s+|\.\s+(?=[A-Z\"'(])|\.$")
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` split into its sentences, stripped; a label starts a sentence."""
+    return [s.strip() for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+
+
 def check_sourcing(fig: dict, at: str) -> None:
     """The value and ``what`` rest on ``source``; a ``why`` rests on ``why_source`` or is labelled
     ``assumption: true`` (ours, not the source's), so a reader can tell the two apart."""
@@ -113,7 +125,8 @@ def check_sourcing(fig: dict, at: str) -> None:
         entries(fig["why_source"], f"{at}.why_source")
     if fig.get("assumption") not in (None, True, False):
         raise SuiteError(f"{at}.assumption={fig['assumption']!r} must be true or false")
-    if fig.get("why") and fig.get("why_source") is None and not fig.get("assumption"):
+    if fig.get("why") and fig.get("why_source") is None and not fig.get("assumption") and \
+            not all(s.startswith(OURS) for s in sentences(fig["why"])):
         raise SuiteError(f"{at}.why needs why_source (the reference-table rows it rests on) or assumption: true "
                          f"(it is our reasoning, not the source's)")
     if not fig.get("why") and (fig.get("why_source") is not None or fig.get("assumption")):
