@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import plots, ranks as rank_times, render, study as studies, study_tables, tables, wandb_runs
+from analysis import faults, plots, ranks as rank_times, render, study as studies, study_tables, tables, wandb_runs
 from analysis.runs import RECORD_FILES, find_run_dirs, load_all
 from suite.record import run_record
 from suite.common.errors import SuiteError, one_line
@@ -142,7 +142,10 @@ def _main(args) -> int:
     runs, skipped = load_all(args.runs)
     for s in skipped:
         print(f"skipped {s.path}: {s.reason}", file=sys.stderr)
-    prices = yaml.safe_load(Path(args.prices).read_text()) or {}
+    prices_path = (study or {}).get("prices") or args.prices  # a study's own price table wins
+    prices = yaml.safe_load(Path(prices_path).read_text()) or {}
+    cost_note = (f"Prices from {prices_path} (their source: {prices.get('source') or 'not stated in the table'}); "
+                 f"device-hours = devices x wall time.")
 
     configs = tables.configs(runs)
     throughput = tables.throughput_rows(configs)
@@ -160,6 +163,7 @@ def _main(args) -> int:
     wandb = [] if args.no_wandb else wandb_rows(runs)
     parity = parity_rows(runs)
     slow = rank_times.rows(runs)  # where each rank's step went; the straggler named
+    lost = faults.rows(runs)  # what each automatic restart cost
     run_rows = [{"run_id": r.run_id, "path": str(r.path), "experiment": r.experiment, "arm": r.arm,
                  "strategy": r.strategy, "world_size": r.world_size, "seed": r.seed,
                  "samples_per_s": r.summary["samples_per_s"], "train_time_s": r.summary.get("train_time_s"),
@@ -167,7 +171,7 @@ def _main(args) -> int:
                  **{f"final_{k}": v for k, v in r.summary.get("final", {}).items()}} for r in runs]
 
     render.write_csv(out / "throughput.csv", throughput, [k for k in throughput[0] if k not in ("peak_memory", "held", "utilisation", "strategy_shown")] if throughput else None)
-    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("parity", parity), ("ranks", slow), ("cost", costs), ("predicted", predicted), ("runs", run_rows),
+    for name, rows in (("time_to_target", targets), ("verdicts", verdicts), ("parity", parity), ("ranks", slow), ("faults", lost), ("cost", costs), ("predicted", predicted), ("runs", run_rows),
                        ("wandb", wandb), ("skipped", [{"path": str(s.path), "reason": s.reason} for s in skipped])):
         render.write_csv(out / f"{name}.csv", rows)
 
@@ -183,7 +187,9 @@ def _main(args) -> int:
                 ("Verdicts: the source's beside ours", study_tables.verdict_rows(study, runs, base_of),
                  study_tables.VERDICT_COLUMNS, tables.NOISE_RULE, "verdicts_published_vs_ours"),
                 ("Epochs to threshold", study_tables.threshold_rows(study, runs), study_tables.THRESHOLD_COLUMNS,
-                 study_tables.THRESHOLD_NOTE, "epochs_to_threshold")):
+                 study_tables.THRESHOLD_NOTE, "epochs_to_threshold"),
+                ("Cost per arm", study_tables.cost_rows(study, costs, base_of) if study.get("prices") else [],
+                 study_tables.COST_COLUMNS, cost_note + " Mean over each arm's repeats.", "cost_per_arm")):
             if rows:
                 render.write_csv(out / f"{csv_name}.csv", rows)
                 md.append(f"## {title}\n\n{note}\n\n" + render.markdown(rows, cols))
@@ -213,7 +219,8 @@ def _main(args) -> int:
             ("Ranks: compute and collectives", slow, rank_times.COLUMNS,
              " ".join([rank_times.NOTE, *rank_times.stragglers(runs)]) if slow else
              "No run here split its steps (data-parallel strategies on CPU at world size 2 or more do)."),
-            ("Cost", costs, COST, f"Prices from {args.prices}; device-hours = devices x wall time."),
+            ("Faults: time lost", lost, faults.COLUMNS, faults.NOTE if lost else "No run here restarted."),
+            ("Cost", costs, COST, cost_note),
             ("W&B offline runs", wandb, WANDB, "Read with `python -m wandb leet inspect --json`."),
             ("Predicted vs measured", predicted, PREDICTED, PREDICTED_NOTE),
             ("Runs", run_rows, RUNS, "Every compared run; the final values are the last epoch's."),

@@ -134,3 +134,31 @@ THRESHOLD_COLUMNS = {"arm": "arm", "metric": "metric", "threshold": "threshold",
                      "epochs": "epochs to reach it (mean of those that did)", "time_s": "training time to it (s)"}
 THRESHOLD_NOTE = ("The first epoch whose metric reaches the threshold (accuracy: at or above; loss: at or below), "
                   "rank 0's per-epoch record; time is the training time of the epochs up to it, evaluation excluded.")
+
+
+def cost_rows(study: dict, costs: list[dict], base_of: dict) -> list[dict]:
+    """Per arm (a study with ``prices``): mean device-hours and cost over its repeats (the report's
+    per-run cost rows, ``tables.cost_rows``), and the cost against its baseline arm's."""
+    by_arm: dict = {}
+    for row in costs:
+        by_arm.setdefault(row["arm"], []).append(row)
+    mean_cost = {arm: (tables.mean([r["cost"] for r in rows]) if all(r["cost"] is not None for r in rows) else None)
+                 for arm, rows in by_arm.items()}
+    out = []
+    for arm in study["arms"]:
+        rows = by_arm.get(arm)
+        if not rows:
+            continue
+        base = mean_cost.get(base_of.get(arm))
+        out.append({"arm": arm, "runs": len(rows), "device": rows[0]["device"],
+                    "price_per_device_hour": rows[0]["price_per_device_hour"],
+                    "wall_time_s": tables.mean([r["wall_time_s"] for r in rows]),
+                    "device_hours": tables.mean([r["device_hours"] for r in rows]), "cost": mean_cost[arm],
+                    "currency": rows[0]["currency"], "baseline": base_of.get(arm),
+                    "cost_vs_baseline": (mean_cost[arm] / base) if mean_cost[arm] is not None and base else None})
+    return out
+
+
+COST_COLUMNS = {"arm": "arm", "runs": "runs", "device": "priced as", "price_per_device_hour": "price / device-hour",
+                "wall_time_s": "wall time (s, mean)", "device_hours": "device-hours (mean)", "cost": "cost (mean)",
+                "currency": "currency", "baseline": "baseline arm", "cost_vs_baseline": "cost / baseline's"}

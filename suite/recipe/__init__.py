@@ -76,6 +76,10 @@ class Training(Strict):
     balance: Literal["equal", "speed", "shares"] = "equal"
     # balance=shares: samples per data-parallel rank, in rank order, summing to batch_size
     balance_shares: Optional[list[PositiveInt]] = None
+    # Fault injection, for studies of restarts and for tests: RANK:STEP:kill (SIGKILL after that
+    # step), RANK:STEP (an error), RANK:STEP:pause; @A fires it in attempt A only; comma-separated.
+    # The same as $SCALESUITE_FAIL_AT (both apply; suite.train.loop._maybe_fail).
+    fail_at: Annotated[str, Field(pattern=r"^$|^\d+:\d+(:(kill|pause))?(@\d+)?(,\d+:\d+(:(kill|pause))?(@\d+)?)*$")] = ""
 
 
 class Launch(Strict):
@@ -142,7 +146,7 @@ class Tracking(Strict):
 # per rank, and would now group with synced runs.
 _LATER_KEYS = (("optimizer", "schedule"), ("data", "normalize"), ("data", "augment"), ("training", "sync_batchnorm"),
                ("training", "grad_clip_norm"), ("strategy", "transport"), ("training", "init_perturbation"),
-               ("training", "balance"), ("training", "balance_shares"))
+               ("training", "balance"), ("training", "balance_shares"), ("training", "fail_at"))
 
 
 class Recipe(Strict):

@@ -98,7 +98,7 @@ def check_name(name) -> None:
 
 NAME_KEYS = ("model.name", "data.name", "strategy.name")
 # Top-level keys of a study recipe (python -m suite.study), which no plain recipe has.
-STUDY_KEYS = ("profiles", "repeats", "arms", "baseline", "reference", "thresholds")
+STUDY_KEYS = ("profiles", "repeats", "arms", "baseline", "reference", "thresholds", "prices")
 
 
 def apply_override(raw: dict, item: str) -> None:

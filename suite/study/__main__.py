@@ -68,7 +68,8 @@ def _main(args) -> int:
             return _submit_all(recipes, Path(tmp), ["--dry-run"])
     folder = _new_folder(Path(args.out), f"{raw['name']}-{args.profile}")
     spec = {"name": raw["name"], "profile": args.profile, "repeats": repeats, "baseline": study.get("baseline"),
-            "arms": study["arms"], "reference": study["reference"], "thresholds": study.get("thresholds")}
+            "arms": study["arms"], "reference": study["reference"], "thresholds": study.get("thresholds"),
+            "prices": study.get("prices")}
     (folder / "study.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     code = _submit_all(recipes, folder, ["--out", str(folder / "runs")])
     if code == 2 and not list(folder.glob("runs/*/summary.json")):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 from suite import recipe as schema
 from suite.common.errors import SuiteError
@@ -40,6 +41,8 @@ def split(path) -> tuple[dict, dict]:
     repeats = study.setdefault("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise SuiteError(f"repeats={repeats!r} must be a whole number >= 1")
+    if "prices" in study:
+        study["prices"] = _price_table(study["prices"])
     if "reference" not in study:
         raise SuiteError(f"study {path}: reference is required (the published figures per arm)")
     from analysis.study import baselines, check_reference  # start-up: loads analysis only when this runs
@@ -105,3 +108,13 @@ def chosen(names: str, study: dict) -> list[str]:
     base = baselines(study["arms"], study.get("baseline"))
     keep = set(wanted) | {base[n] for n in wanted}
     return [arm for arm in study["arms"] if arm in keep]
+
+
+def _price_table(value) -> str:
+    """A study's ``prices``: a price table (analysis/prices.yaml's format), as given or from the
+    repository root (where the study recipes name it), made absolute for the report."""
+    root = Path(__file__).resolve().parents[2]
+    for path in (Path(str(value)), root / str(value)):
+        if path.is_file():
+            return str(path.resolve())
+    raise SuiteError(f"prices={value!r}: no such price table; give a file like analysis/prices.yaml")

@@ -135,7 +135,7 @@ class StepLoop:
             self._batch = i + 1
             if self.step == self._allocated_until and self.allocated:
                 self.allocated.stop()
-            _maybe_fail(self.ctx.rank, self.step, self.attempt)
+            _maybe_fail(self.ctx.rank, self.step, self.attempt, self.tr.fail_at)
             if len(self._pending) >= self.tr.log_every_steps or self._checkpoint_due():
                 p.elapsed_s = time.perf_counter() - epoch_t0
                 self._flush()
@@ -291,14 +291,15 @@ class _EpochSums:
         self.elapsed_s = 0.0
 
 
-def _maybe_fail(rank: int, step: int, attempt: int = 1) -> None:
+def _maybe_fail(rank: int, step: int, attempt: int = 1, planned: str = "") -> None:
     """Fault injection for testing failure handling: SCALESUITE_FAIL_AT=RANK:STEP raises there,
     RANK:STEP:kill kills the process (SIGKILL: no Python error, as with the OOM killer).
     Several, comma-separated; ``@A`` after one fires it in attempt A only (the run record's
     attempt number), e.g. ``1:5:kill@1,0:9:kill@2`` for a run restarted after each.
     RANK:STEP:pause sleeps there for 10 minutes (a test takes the rank's node away meanwhile).
-    (RANK:STEP:kill-in-save is suite.train.checkpoint's: a kill in the middle of a save.)"""
-    for spec in os.environ.get("SCALESUITE_FAIL_AT", "").split(","):
+    (RANK:STEP:kill-in-save is suite.train.checkpoint's: a kill in the middle of a save.)
+    ``planned`` is the recipe's training.fail_at, the same format, applied beside the variable."""
+    for spec in f"{os.environ.get('SCALESUITE_FAIL_AT', '')},{planned}".split(","):
         spec, _, only = spec.strip().partition("@")
         if only and only != str(attempt):
             continue
