@@ -17,13 +17,15 @@ from tests.run_folders import rank_pids
 from tests.browser import assert_renders
 
 STUDY = "recipes/studies/fashion_mnist_dp.yaml"
+# the arms on digits; the larger-data arms (large-single, large-ddp) train on synthetic 28x28 images
+ARMS = ["allreduce", "ddp", "hogwild", "mpi", "single", "tf_mirrored", "tf_mirrored_loop", "tf_single"]
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("studies")
     proc = subprocess.run([sys.executable, "-m", "suite.study", STUDY, "--repeats", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)  # 7 arms x 2; TF's import ~10 s per run
+                          capture_output=True, text=True, timeout=900)  # 10 arms x 2; TF's import ~10 s per run
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = Path(re.search(r"^study fashion_mnist_dp \(cpu\): (\S+)$", proc.stdout, re.M).group(1))
     return report.parent, report, proc
@@ -40,18 +42,22 @@ def test_cpu_profile_runs_every_arm_and_repeat_through_submit(finished):
     assert report == folder / "report.html" and report.is_file()
     runs = sorted((folder / "runs").glob("*/summary.json"))
     arms = sorted(yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"] for p in runs)
-    assert arms == sorted(2 * ["allreduce", "ddp", "mpi", "single", "tf_mirrored", "tf_mirrored_loop", "tf_single"])
-    for p in runs:  # 7 epochs of 1,438 digits // 32 per step (the last partial batch is dropped)
-        s = read_json(p)
-        assert s["status"] == "completed" and s["data"] == "digits" and s["steps"] == 7 * 44
+    assert arms == sorted(2 * [*ARMS, "large-ddp", "large-single"])
+    for p in runs:
+        s, arm = read_json(p), yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"]
+        assert s["status"] == "completed", arm
+        if arm.startswith("large-"):  # the larger-data arms: 1 epoch of 2,816 synthetic 28x28 images // 32
+            assert s["data"] == "synthetic" and s["steps"] == 88
+        else:  # 7 epochs of 1,438 digits // 32 per step (the last partial batch is dropped)
+            assert s["data"] == "digits" and s["steps"] == 7 * 44
     # An arm's repeats train in one warm process, TensorFlow's too (its import is most of a run)
     pids: dict = {}
     for p in runs:
         arm = yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"]
         pids.setdefault(arm, set()).add(tuple(rank_pids(p.parent)))
     assert all(len(pids[arm]) == 1 for arm in ("tf_single", "tf_mirrored", "tf_mirrored_loop", "single")), pids
-    assert sorted(p.name for p in (folder / "recipes").iterdir()) == [
-        "allreduce.yaml", "ddp.yaml", "mpi.yaml", "single.yaml", "tf_mirrored.yaml", "tf_mirrored_loop.yaml", "tf_single.yaml"]
+    assert sorted(p.name for p in (folder / "recipes").iterdir()) == sorted(
+        f"{arm}.yaml" for arm in [*ARMS, "large-ddp", "large-single"])
 
 
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
@@ -80,7 +86,7 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
     assert ddp["ours"].startswith(f"{mean['ddp']:.4g} s (mean of 2")
     assert ddp["published_compared"] == f"{46.18 / 29.21:.3g}x"
     assert ddp["ours_compared"] == f"{mean['single'] / mean['ddp']:.3g}x"
-    assert "speed-up is" in ddp["differs"] and ddp["because"].startswith("our global batch stays 32")
+    assert "speed-up is" in ddp["differs"] and ddp["because"].startswith("their batch is not stated (FM-S3); ours: the global batch stays 32")
     assert ddp["because"].endswith("[source: FM-S3; our assumption]")
     tf_rows = {r["ours_arm"].split()[0]: r for r in rows[8:]}  # TensorFlow's arms, against tf_single
     assert tf_rows["tf_mirrored"]["ours_compared"] == f"{mean['tf_single'] / mean['tf_mirrored']:.3g}x"
@@ -94,7 +100,7 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
 def test_tables_and_plots_name_the_arm(finished):
     folder, _, _ = finished
     throughput = _csv(folder / "throughput.csv")
-    arms = {"single", "ddp", "allreduce", "mpi", "tf_single", "tf_mirrored", "tf_mirrored_loop"}
+    arms = {*ARMS, "large-single", "large-ddp"}
     assert {r["arm"] for r in throughput} == arms
     assert {r["runs"] for r in throughput} == {"2"}  # the two seeds are repeats of one experiment
     assert {r["arm"] for r in _csv(folder / "runs.csv")} == arms
@@ -103,7 +109,8 @@ def test_tables_and_plots_name_the_arm(finished):
     assert {arm for arm, _ in reached} == arms and {t for _, t in reached} == {"0.8", "0.9"}
     assert len({reached[(arm, "0.8")]["epochs"] for arm in ("single", "ddp", "allreduce", "mpi")}) == 1
     # one plot per baseline arm: the torch arms beside single, the TensorFlow arms beside tf_single
-    assert sorted(p.name for p in (folder / "plots").glob("steps-*.png")) == ["steps-single.png", "steps-tf_single.png"]
+    assert sorted(p.name for p in (folder / "plots").glob("steps-*.png")) == [
+        "steps-large-single.png", "steps-single.png", "steps-tf_single.png"]
 
 
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
