@@ -76,7 +76,7 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
     mpi = by_arm[("S2 with MPI", "35.49 s")]
     assert mpi["ours_arm"] == "mpi" and mpi["published_compared"] == "1.3x"
     assert "syncs the model parameters" in mpi["because"] and "through MPI" in mpi["because"]
-    assert mpi["because"].endswith("[source: FM-S2-code, FM-S2-log]") and mpi["source"] == "FM-S2-time"
+    assert mpi["because"].endswith("[source: FM-S2-code, FM-S2-log; our assumption]") and mpi["source"] == "FM-S2-time"
     summaries = {}
     for p in (folder / "runs").glob("*/summary.json"):
         arm = yaml.safe_load((p.parent / "recipe.yaml").read_text())["arm"]
@@ -130,6 +130,7 @@ def test_the_study_report_renders_in_a_browser(finished):
     (lambda s: s["reference"].pop("source"), "reference.source is required (the title of the paper"),
     (lambda s: s["arms"]["ddp"].update({"strategy.bucket_cap": 1}), "arm ddp: unknown recipe key strategy.bucket_cap"),
     (lambda s: s.update(repeats=0), "repeats=0 must be a whole number >= 1"),
+    (lambda s: s.update(prices="nowhere.yaml"), "prices='nowhere.yaml': no such price table"),
 ])
 def test_bad_study_input_is_one_line(tmp_path, capsys, edit, message):
     raw = yaml.safe_load(Path(STUDY).read_text())
@@ -301,4 +302,5 @@ def test_arms_runs_the_named_arms_with_their_baselines(capsys):
     assert capsys.readouterr().out.count("nothing launched (--dry-run)") == 2  # single (its baseline) and ddp
     assert study.main([STUDY, "--arms", "ddp,tpu", "--dry-run"]) == 2
     assert capsys.readouterr().err == ("error: --arms ddp,tpu: tpu is not an arm of the study; its arms: single, ddp, "
-                                       "allreduce, mpi, tf_single, tf_mirrored, tf_mirrored_loop\n")
+                                       "allreduce, mpi, tf_single, tf_mirrored, tf_mirrored_loop, hogwild, large-single, "
+                                       "large-ddp\n")
