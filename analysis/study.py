@@ -305,6 +305,8 @@ def because(fig: dict) -> str:
         labels.append("source: " + ", ".join(entries(fig["why_source"], "why_source")))
     if fig.get("assumption"):
         labels.append("our assumption")
+    if not labels:  # every sentence labelled ours: (check_sourcing)
+        labels.append("ours")
     return f"{fig['why']} [{'; '.join(labels)}]"
 
 

@@ -55,3 +55,14 @@ def test_a_recipe_plans_a_fault_and_a_malformed_plan_is_refused():
     recipe["training"]["fail_at"] = "rank 1 at step 4"
     with pytest.raises(SuiteError, match="fail_at"):
         validate(recipe)
+
+
+def test_a_why_of_ours_alone_needs_no_row_and_is_labelled_ours():
+    from analysis.study import because, check_sourcing, sentences
+
+    fig = {"source": "ASU-T1-gpipe-mem", "why": "ours: resident memory on CPU; ours: not the device allocator's"}
+    assert sentences(fig["why"]) == ["ours: resident memory on CPU", "ours: not the device allocator's"]
+    check_sourcing(fig, "reference.figures.0")
+    assert because(fig).endswith("[ours]")
+    with pytest.raises(SuiteError, match="why needs why_source"):
+        check_sourcing({**fig, "why": fig["why"] + "; theirs recomputed nothing"}, "reference.figures.0")
