@@ -35,7 +35,8 @@ VERDICT = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "wo
 COST = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
         "devices": "devices", "wall_time_s": "wall time (s)", "device_hours": "device-hours",
         "price_per_device_hour": "price / device-hour", "cost": "cost", "currency": "currency"}
-WANDB = {"run_id": "run", "experiment": "experiment", "arm": "arm", "name": "W&B run", "group": "group", "history_rows": "history rows",
+WANDB = {"run_id": "run", "experiment": "experiment", "arm": "arm", "name": "W&B run", "group": "group", "attempts": "attempts",
+         "history_rows": "history rows",
          "matches_record": "steps match record", "system_samples": "system samples",
          "cpu_percent_mean": "cpu % mean", "rss_mb_peak": "RSS peak (MB)"}
 PREDICTED = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size", "run_id": "run",
@@ -89,21 +90,23 @@ def mfu_column(rows) -> str:
 
 
 def wandb_rows(runs) -> list[dict]:
-    """One row per rank's offline W&B run, checked against the run record."""
+    """One row per job's offline W&B run (its attempts joined), checked against the run record."""
     rows = []
     for run in runs:
-        for d in wandb_runs.run_dirs(run.path):
-            row = {"run_id": run.run_id, "experiment": run.experiment, "arm": run.arm}
-            try:
-                info = wandb_runs.read(d)
-            except Exception as e:  # noqa: BLE001 - an unreadable W&B run is reported, not fatal
-                rows.append({**row, "name": d.name, "group": f"unreadable: {e}"})
-                continue
-            rank = int(info["name"].rsplit("-rank", 1)[1]) if info["name"] and "-rank" in info["name"] else None
-            mine = [{k: s.get(k) for k in ("step", "global_loss")} for s in run.steps.get(rank, [])]
-            theirs = [{k: s.get(k) for k in ("step", "global_loss")} for s in wandb_runs.step_metrics(info)]
-            rows.append({**row, "name": info["name"], "group": info["group"], "history_rows": len(info["history"]),
-                         "matches_record": mine == theirs, **wandb_runs.system_summary(info)})
+        dirs = wandb_runs.run_dirs(run.path)
+        if not dirs:
+            continue
+        row = {"run_id": run.run_id, "experiment": run.experiment, "arm": run.arm}
+        try:
+            info = wandb_runs.read_job(dirs)
+        except Exception as e:  # noqa: BLE001 - an unreadable W&B run is reported, not fatal
+            rows.append({**row, "name": dirs[-1].name, "group": f"unreadable: {e}"})
+            continue
+        mine = [{k: s.get(k) for k in ("step", "global_loss")} for s in run.steps.get(0, [])]
+        theirs = [{k: s.get(k) for k in ("step", "global_loss")} for s in wandb_runs.step_metrics(info)]
+        rows.append({**row, "name": info["name"], "group": info["group"], "attempts": info["attempts"],
+                     "history_rows": len(info["history"]), "matches_record": mine == theirs,
+                     **wandb_runs.system_summary(info)})
     return rows
 
 

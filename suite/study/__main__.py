@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from suite.common.errors import SuiteError, one_line
-from suite.study.arms import DEFAULT_PROFILE, arm_recipes, check_arms, chosen, split
+from suite.study.arms import DEFAULT_PROFILE, arm_recipes, check_arms, chosen, grouped, split
 
 
 def parse_args(argv):
@@ -70,7 +70,7 @@ def _main(args) -> int:
     spec = {"name": raw["name"], "profile": args.profile, "repeats": repeats, "baseline": study.get("baseline"),
             "arms": study["arms"], "reference": study["reference"], "thresholds": study.get("thresholds")}
     (folder / "study.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    code = _submit_all(recipes, folder, ["--out", str(folder / "runs")])
+    code = _submit_all(grouped(recipes, folder.name), folder, ["--out", str(folder / "runs")])
     if code == 2 and not list(folder.glob("runs/*/summary.json")):
         shutil.rmtree(folder)  # refused before anything ran (e.g. data missing): the error line is all
         return code
