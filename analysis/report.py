@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import plots, ranks as rank_times, render, study as studies, study_tables, tables, wandb_runs
+from analysis import plots, ranks as rank_times, render, study as studies, study_tables, tables, wandb_report, wandb_runs
 from analysis.runs import RECORD_FILES, find_run_dirs, load_all
 from suite.record import run_record
 from suite.common.errors import SuiteError, one_line
@@ -75,6 +75,9 @@ def parse_args(argv):
     p.add_argument("--target-loss", type=float, help="report time/epochs to reach this loss")
     p.add_argument("--prices", default=str(DEFAULT_PRICES), help="price table (default: analysis/prices.yaml)")
     p.add_argument("--no-wandb", action="store_true", help="do not read the offline W&B runs (~1 s per rank)")
+    p.add_argument("--wandb-report", action="store_true",
+                   help="also publish the report's sections as a W&B Report (online, with the reports extra); "
+                        "offline it says what it would publish")
     p.add_argument("--study", help="a study's study.yaml (python -m suite.study writes it): adds published vs ours")
     return p.parse_args(argv)
 
@@ -227,6 +230,8 @@ def _main(args) -> int:
     title = f"scalesuite study {study['name']} ({study['profile']})" if study else "scalesuite report"
     (out / "report.html").write_text(render.html_page(title, sections))
     print(f"report: {out / 'report.html'} ({len(runs)} run(s), {len(skipped)} skipped)")
+    if args.wandb_report:
+        print(wandb_report.publish(title, runs, md))
     return 0
 
 

@@ -110,4 +110,6 @@ def names(recipe: dict, run_id: str) -> dict:
 
 def config(recipe: dict, run_id: str) -> dict:
     """The resolved recipe, flattened (``training.batch_size``), so W&B's group-by and filters work."""
-    return {**scalars({k: v for k, v in recipe.items() if k != "sweep"}), "run_id": run_id}
+    launch = recipe.get("launch") or {}
+    return {**scalars({k: v for k, v in recipe.items() if k != "sweep"}), "run_id": run_id,
+            "world_size": int(launch.get("nodes", 1)) * int(launch.get("tasks_per_node", 1))}
