@@ -79,6 +79,34 @@ def export_run(run_dir, mode: str | None = None, force: bool = False) -> str | N
         return failed("export", e, run_dir)
 
 
+def study_run(folder: Path, recipe: dict, tables: dict[str, list[dict]]) -> str | None:
+    """A study's own W&B run (id and group: the study folder's name, job type ``study``) holding
+    its comparison tables (e.g. published vs ours, every arm) as W&B tables, beside the arms' runs
+    in the same group. Written again, it goes on in the same run. Returns a notice, or None."""
+    folder = Path(folder)
+    mode = resolve_mode((recipe.get("tracking") or {}).get("wandb", "offline"))
+    if mode == "disabled" or not any(tables.values()):
+        return None
+    import wandb  # start-up: loads wandb only when this runs
+
+    tracking = recipe.get("tracking") or {}
+    try:
+        with temp_folder(_scratch(folder)):
+            run = wandb.init(mode=mode if mode == "offline" else "online", dir=str(folder), id=folder.name,
+                             resume="allow", project=tracking.get("project", "scalesuite"), entity=tracking.get("entity"),
+                             group=folder.name, job_type="study", name=f"study {folder.name}",
+                             config=wandb_rows.config(recipe, folder.name),
+                             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+            for name, rows in tables.items():
+                if rows:
+                    columns = list(dict.fromkeys(k for row in rows for k in row))
+                    run.log({name: wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])})
+            run.finish()
+        return None
+    except Exception as e:  # noqa: BLE001 - the study's report is written; W&B only mirrors it
+        return failed("study run", e, folder)
+
+
 def failed(what: str, e: Exception, run_dir: Path) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return (f"W&B {what} failed ({type(e).__name__}: {first}); the run record has every metric; "

@@ -177,3 +177,25 @@ def test_rows_wait_for_every_rank_before_giving_a_step_out():
     assert step == 0 and row == {"step/step": 0, "step/global_loss": 1.0, "step/loss": 0.9, "rank0/step/loss": 0.9,
                                  "rank1/utilisation/cpu_percent": 50.0, "rank1/step/loss": 1.1}
     assert [s for s, _ in rows.drain(everything=True)] == [1]
+
+
+def _study_run(folder, tables):
+    return wandb_export.study_run(folder, {"name": "fig3", "tracking": {"wandb": "offline"}}, tables)
+
+
+def test_a_study_logs_its_comparison_as_a_wandb_table_in_its_own_run_in_the_arms_group(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    folder = tmp_path / "fig3-cpu-20260101-000000"  # the study's folder: its arms' W&B group
+    folder.mkdir()
+    rows = [{"arm": "ddp", "published": 1.9, "ours": 1.85}, {"arm": "zero2", "published": 1.7, "ours": None}]
+    assert run_ranks(_study_run, 1, folder, {"published_vs_ours": rows}, timeout_s=120) == [None]
+    (written,) = wandb_runs.run_dirs(folder)
+    info = wandb_runs.read(written)
+    assert info["id"] == folder.name and info["group"] == folder.name and info["job_type"] == "study"
+    (row,) = [r for r in info["history"] if "published_vs_ours.path" in r]
+    assert row["published_vs_ours._type"] == "table-file"
+    table = json.loads((written / "files" / row["published_vs_ours.path"]).read_text())
+    assert table["columns"] == ["arm", "published", "ours"]
+    assert table["data"] == [["ddp", 1.9, 1.85], ["zero2", 1.7, None]]
