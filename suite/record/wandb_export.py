@@ -64,7 +64,7 @@ def export_run(run_dir, mode: str | None = None, force: bool = False) -> str | N
     records = list(run_record.iter_metrics(run_dir))
     world = max((int(r.get("rank", 0)) for r in records), default=0) + 1
     try:
-        with temp_folder(_scratch(run_dir)):
+        with temp_folder(scratch(run_dir)):
             run, notice = start(run_dir, recipe, mode, world)
             for path in before if mode == "offline" else ():
                 shutil.rmtree(path, ignore_errors=True)
@@ -91,7 +91,7 @@ def study_run(folder: Path, recipe: dict, tables: dict[str, list[dict]]) -> str 
 
     tracking = recipe.get("tracking") or {}
     try:
-        with temp_folder(_scratch(folder)):
+        with temp_folder(scratch(folder)):
             run = wandb.init(mode=mode if mode == "offline" else "online", dir=str(folder), id=folder.name,
                              resume="allow", project=tracking.get("project", "scalesuite"), entity=tracking.get("entity"),
                              group=folder.name, job_type="study", name=f"study {folder.name}",
@@ -113,10 +113,11 @@ def failed(what: str, e: Exception, run_dir: Path) -> str:
             f"write W&B from it with python -m suite.export {run_dir} --force")
 
 
-def _scratch(run_dir: Path) -> Path:
-    scratch = run_dir / "wandb" / "tmp"  # W&B's temporary files stay in the run folder, not /tmp
-    scratch.mkdir(parents=True, exist_ok=True)
-    return scratch
+def scratch(run_dir: Path) -> Path:
+    """``<run folder>/wandb/tmp``, created: W&B's temporary files stay in the run folder, not /tmp."""
+    folder = Path(run_dir) / "wandb" / "tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def finish(run, run_dir: Path, rows: wandb_rows.Rows) -> None:

@@ -62,13 +62,17 @@ class LiveRun:
         return self.notice
 
     def _main(self) -> None:
+        # W&B's temporary files go to the run folder; tempfile's folder is the process's, so it is
+        # moved only while the rank waits (starting, finishing), never while it trains.
+        scratch = wandb_export.scratch(self.run_dir)
         try:
-            with temp_folder(wandb_export._scratch(self.run_dir)):
+            with temp_folder(scratch):
                 self._run, self.notice = wandb_export.start(self.run_dir, self.recipe, self.mode,
                                                             self._rows.world_size)
-                self._started.set()
-                while not self._stop.wait(self.every_s):
-                    self._log(everything=False)
+            self._started.set()
+            while not self._stop.wait(self.every_s):
+                self._log(everything=False)
+            with temp_folder(scratch):
                 self._log(everything=True)
                 wandb_export.finish(self._run, self.run_dir, self._rows)
         except Exception as e:  # noqa: BLE001 - W&B must never fail a run: the run record has it all
