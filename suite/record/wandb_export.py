@@ -60,7 +60,8 @@ def export_run(run_dir, mode: str | None = None, force: bool = False) -> str | N
         return None
     before = offline_runs(run_dir)
     if before and not force:
-        return f"{run_dir} already has its W&B run ({before[-1].name}); --force writes it again from the run record"
+        return (f"{run_dir} already has its W&B run ({before[-1].name}; `wandb sync` uploads it); --force writes "
+                f"it again from the run record")
     records = list(run_record.iter_metrics(run_dir))
     world = max((int(r.get("rank", 0)) for r in records), default=0) + 1
     try:

@@ -24,11 +24,17 @@ from suite.record import flops, metrics, peak, run_record, wandb_export, wandb_l
 from suite.record.utilisation import UtilisationSampler, probe_for
 
 
-def oversubscribed(ctx) -> bool:
-    """More threads on this node (its ranks x this rank's threads) than the cores the job has there
-    (Slurm's allocation, else the cores this process may use): ranks then wait for each other's cores."""
+def node_threads_and_cores(ctx) -> tuple[int, int]:
+    """Training threads on this node (its ranks x this rank's threads) and the cores the job has
+    there (Slurm's allocation, else the cores this process may use)."""
     cores = int(os.environ.get("SLURM_CPUS_ON_NODE") or len(os.sched_getaffinity(0)))
-    return ctx.local_world_size * torch.get_num_threads() > cores
+    return ctx.local_world_size * torch.get_num_threads(), cores
+
+
+def oversubscribed(ctx) -> bool:
+    """More training threads on this node than cores: ranks then wait for each other's cores."""
+    threads, cores = node_threads_and_cores(ctx)
+    return threads > cores
 
 
 class RankLog:
@@ -50,6 +56,11 @@ class RankLog:
         if mode != "disabled" and wandb_live.opens_wandb(ctx.rank):  # started before the barrier: not in a step
             live = wandb_live.LiveRun(run_dir, recipe.model_dump(mode="json"), mode, ctx.world_size,
                                       recipe.tracking.wandb_every_s, run_record.latest_checkpoint(run_dir)).start()
+            threads, cores = node_threads_and_cores(ctx)
+            if threads >= cores:  # W&B's thread and services then take their time from a rank's
+                print(f"W&B: every core of this node trains ({threads} threads on {cores} cores); the live W&B run "
+                      f"shares them, logging every {recipe.tracking.wandb_every_s:g} s (tracking.wandb_every_s; "
+                      f"tracking.wandb=disabled, then python -m suite.export, keeps W&B off them)", flush=True)
         if ctx.world_size > 1:
             dist.barrier()  # ranks start timing together: a late rank's start is not its peers' first step
         return cls(records, utilisation, mode, live, run_dir)
@@ -82,6 +93,7 @@ class RankLog:
                 "train_time_s": loop.train_time_s,
                 "samples_per_s": metrics.rate(shard_samples, loop.train_time_s),
                 "wandb_mode": self.wandb_mode,
+                "wandb_live_every_s": self.live.every_s if self.live is not None else None,  # this rank logged live
                 **self.stop_utilisation()}
 
     def run_fields(self, recipe, ctx, loop, ranks: list[dict]) -> dict:

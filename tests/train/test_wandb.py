@@ -68,6 +68,7 @@ def test_a_two_rank_job_is_one_wandb_run_that_grows_while_it_trains(tmp_path, mo
         assert len(steps) == 8 and wandb_runs.step_metrics(info, rank) == steps
         assert any(f"rank{rank}/utilisation/rss_bytes" in row for row in info["history"])
     summary = read_json(run_dir / "summary.json")
+    assert [r.get("wandb_live_every_s") for r in summary["ranks"]] == [10.0, None]  # the default; rank 0 logged
     assert info["summary"]["step_time_s"] == summary["step_time_s"]  # the run record's median
     assert info["summary"]["samples_per_s"] == summary["samples_per_s"] and info["summary"]["mfu"] == summary["mfu"]
     assert info["summary"]["final/train_loss"] == summary["final"]["train_loss"]
