@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import faults, plots, ranks as rank_times, render, study as studies, study_tables, tables, wandb_runs
+from analysis import faults, plots, ranks as rank_times, render, study as studies, study_tables, tables, wandb_report, wandb_runs
 from analysis.runs import RECORD_FILES, find_run_dirs, load_all
 from suite.record import run_record
 from suite.common.errors import SuiteError, one_line
@@ -35,7 +35,8 @@ VERDICT = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "wo
 COST = {"experiment": "experiment", "arm": "arm", "strategy": "strategy", "world_size": "world size", "run_id": "run", "device": "priced as",
         "devices": "devices", "wall_time_s": "wall time (s)", "device_hours": "device-hours",
         "price_per_device_hour": "price / device-hour", "cost": "cost", "currency": "currency"}
-WANDB = {"run_id": "run", "experiment": "experiment", "arm": "arm", "name": "W&B run", "group": "group", "history_rows": "history rows",
+WANDB = {"run_id": "run", "experiment": "experiment", "arm": "arm", "name": "W&B run", "group": "group", "attempts": "attempts",
+         "history_rows": "history rows",
          "matches_record": "steps match record", "system_samples": "system samples",
          "cpu_percent_mean": "cpu % mean", "rss_mb_peak": "RSS peak (MB)"}
 PREDICTED = {"experiment": "experiment", "strategy": "strategy", "world_size": "world size", "run_id": "run",
@@ -74,6 +75,9 @@ def parse_args(argv):
     p.add_argument("--target-loss", type=float, help="report time/epochs to reach this loss")
     p.add_argument("--prices", default=str(DEFAULT_PRICES), help="price table (default: analysis/prices.yaml)")
     p.add_argument("--no-wandb", action="store_true", help="do not read the offline W&B runs (~1 s per rank)")
+    p.add_argument("--wandb-report", action="store_true",
+                   help="also publish the report's sections as a W&B Report (online, with the reports extra); "
+                        "offline it says what it would publish")
     p.add_argument("--study", help="a study's study.yaml (python -m suite.study writes it): adds published vs ours")
     return p.parse_args(argv)
 
@@ -89,21 +93,23 @@ def mfu_column(rows) -> str:
 
 
 def wandb_rows(runs) -> list[dict]:
-    """One row per rank's offline W&B run, checked against the run record."""
+    """One row per job's offline W&B run (its attempts joined), checked against the run record."""
     rows = []
     for run in runs:
-        for d in wandb_runs.run_dirs(run.path):
-            row = {"run_id": run.run_id, "experiment": run.experiment, "arm": run.arm}
-            try:
-                info = wandb_runs.read(d)
-            except Exception as e:  # noqa: BLE001 - an unreadable W&B run is reported, not fatal
-                rows.append({**row, "name": d.name, "group": f"unreadable: {e}"})
-                continue
-            rank = int(info["name"].rsplit("-rank", 1)[1]) if info["name"] and "-rank" in info["name"] else None
-            mine = [{k: s.get(k) for k in ("step", "global_loss")} for s in run.steps.get(rank, [])]
-            theirs = [{k: s.get(k) for k in ("step", "global_loss")} for s in wandb_runs.step_metrics(info)]
-            rows.append({**row, "name": info["name"], "group": info["group"], "history_rows": len(info["history"]),
-                         "matches_record": mine == theirs, **wandb_runs.system_summary(info)})
+        dirs = wandb_runs.run_dirs(run.path)
+        if not dirs:
+            continue
+        row = {"run_id": run.run_id, "experiment": run.experiment, "arm": run.arm}
+        try:
+            info = wandb_runs.read_job(dirs)
+        except Exception as e:  # noqa: BLE001 - an unreadable W&B run is reported, not fatal
+            rows.append({**row, "name": dirs[-1].name, "group": f"unreadable: {e}"})
+            continue
+        mine = [{k: s.get(k) for k in ("step", "global_loss")} for s in run.steps.get(0, [])]
+        theirs = [{k: s.get(k) for k in ("step", "global_loss")} for s in wandb_runs.step_metrics(info)]
+        rows.append({**row, "name": info["name"], "group": info["group"], "attempts": info["attempts"],
+                     "history_rows": len(info["history"]), "matches_record": mine == theirs,
+                     **wandb_runs.system_summary(info)})
     return rows
 
 
@@ -231,6 +237,8 @@ def _main(args) -> int:
     title = f"scalesuite study {study['name']} ({study['profile']})" if study else "scalesuite report"
     (out / "report.html").write_text(render.html_page(title, sections))
     print(f"report: {out / 'report.html'} ({len(runs)} run(s), {len(skipped)} skipped)")
+    if args.wandb_report:
+        print(wandb_report.publish(title, runs, md))
     return 0
 
 

@@ -1,6 +1,7 @@
 """Tracking cost alone (a shortcut for ``python benchmarks/compare.py --only tracking``): the
-default tracking (W&B offline, utilisation thread, run record) against ``tracking.wandb=disabled``,
-interleaved pairs, median step-time ratio. Target: at most 1.02.
+default tracking (the job's live W&B run, offline; utilisation thread; run record) against
+``tracking.wandb=disabled``, interleaved pairs at 2 ranks and at 1, median epoch-time ratio.
+Target: at most 1.02. Run it on a quiet machine.
 
     python benchmarks/tracking_cost.py [--pairs 4] [--out /tmp/tracking-cost]
 """

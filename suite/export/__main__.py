@@ -1,6 +1,7 @@
-"""``python -m suite.export RUN_DIR [RUN_DIR ...] [--mode offline|online]``: write W&B runs (one
-per rank, grouped by run id) from run records, e.g. for runs recorded with W&B disabled, or to
-retry an export that failed. See suite/record/wandb_export.py.
+"""``python -m suite.export RUN_DIR [RUN_DIR ...] [--mode offline|online] [--force]``: write each
+job's W&B run (one per job, its id the run id) from its run record, e.g. for runs recorded with
+W&B disabled. Idempotent: a job that has its W&B run already is left alone (``--force`` writes it
+again from the record, replacing the offline files). See suite/record/wandb_export.py.
 
 ``python -m suite.export RUN_DIR --model FILE.safetensors``: write the run's trained model (its
 last complete checkpoint) as one safetensors file, whatever its strategy and world size, that
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from suite.common.errors import SuiteError
 from suite.record import run_record
-from suite.record.wandb_export import export_rank
+from suite.record.wandb_export import export_run
 
 EPILOG = """--model: the run's ranks are started here (world size as trained, forked, gloo on CPU unless
 the recipe's launch.device says otherwise), restore the latest checkpoint and gather the whole model
@@ -31,6 +32,8 @@ def main(argv=None) -> int:
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (holding recipe.yaml and metrics.jsonl)")
     p.add_argument("--mode", choices=["offline", "online"], default="offline")
+    p.add_argument("--force", action="store_true",
+                   help="write the W&B run again from the run record, also where one was written (live or exported)")
     p.add_argument("--model", metavar="FILE.safetensors", type=Path,
                    help="write the run's trained model (latest checkpoint) to this safetensors file, and its "
                         "config to FILE.json, instead of W&B runs; one run folder")
@@ -49,13 +52,12 @@ def main(argv=None) -> int:
         if not (folder / "recipe.yaml").is_file() or not (folder / "metrics.jsonl").is_file():
             print(f"error: {folder} is not a run folder with records (recipe.yaml and metrics.jsonl)", file=sys.stderr)
             return 2
-        ranks = sorted({r.get("rank", 0) for r in run_record.iter_metrics(folder)})
-        for rank in ranks:
-            notice = export_rank(folder, rank, args.mode)
-            if notice:
-                print(notice, file=sys.stderr)
-                failed += "failed" in notice
-        print(f"{folder}: W&B runs of ranks {ranks} written ({args.mode}) to {folder / 'wandb'}")
+        notice = export_run(folder, args.mode, args.force)
+        if notice:
+            print(notice, file=sys.stderr)
+            failed += "failed" in notice
+        if not notice or notice.startswith("W&B online is not available"):
+            print(f"{folder}: W&B run {folder.name} written ({args.mode}) to {folder / 'wandb'}")
     return 1 if failed else 0
 
 

@@ -135,6 +135,10 @@ class Tracking(Strict):
     project: str = "scalesuite"
     entity: Optional[str] = None
     sample_interval_s: PositiveFloat = 1.0  # utilisation sampler and W&B system metrics
+    # The live W&B run logs what the run record gained at most this often (suite.record.wandb_live)
+    wandb_every_s: PositiveFloat = 10.0
+    # W&B group: suite.study sets the study's, a sweep its recipe's name; else the recipe's name
+    wandb_group: Optional[str] = None
     peak_flops_per_s: Optional[PositiveFloat] = None  # per device, for MFU; wins over the table and measuring
     measure_peak: bool = True  # CPU: MFU against this node's measured peak (suite.record.peak, cached per machine)
 

@@ -156,6 +156,9 @@ def expand_sweep(raw: dict) -> list[dict]:
             set_path(point, key, value)
         if sweep:
             point["name"] = _point_name(raw["name"], "-".join(_label(k, v, sweep[k]) for k, v in zip(sweep, combo)))
+            # the sweep's points sit together in W&B (a study's arms keep the study's group)
+            tracking = point["tracking"] = dict(point.get("tracking") or {})
+            tracking["wandb_group"] = tracking.get("wandb_group") or raw["name"]
         points.append(point)
     return points
 

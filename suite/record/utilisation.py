@@ -1,7 +1,7 @@
 """The suite's own utilisation sampler: one background thread per rank.
 
 Every ``interval_s`` it reads this rank's device: on CPU the process's CPU % (100 = one core
-busy; it can exceed 100 with several threads) and resident set size; on GPU, through NVML,
+busy; it can exceed 100 with several threads) and resident set size; on GPU (``GpuProbe``),
 the device's utilisation %, memory used and power. Each reading is logged as a
 ``utilisation`` record (to ``metrics.jsonl`` and W&B); ``stop()`` returns means and peaks for
 the per-rank summary. A reading costs tens of microseconds, once a second by default.
@@ -27,31 +27,29 @@ class CpuProbe:
 
 
 class GpuProbe:
-    """NVML utilisation %, memory used and power of one GPU. Thin and untested on this CPU-only
-    project: its numbers have never been checked against a GPU here."""
+    """Utilisation %, memory used and power of one GPU, read through torch's CUDA functions (NVML
+    underneath): they take the CUDA index and map it to NVML's through ``CUDA_VISIBLE_DEVICES``
+    (as Slurm sets it on shared nodes), where NVML's own index would name another GPU."""
     kind = "gpu"
 
     def __init__(self, index: int):
-        import pynvml  # optional: nvidia-ml-py, only on GPU hosts
+        import torch  # late: only a rank on a GPU samples one; the run record itself stays torch-free
 
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._cuda, self._index = torch.cuda, index
+        self.read()  # fails here, not in the thread, where NVML (nvidia-ml-py) is missing
 
     def read(self) -> dict:
-        nv, h = self._nvml, self._handle
-        return {"gpu_util_percent": float(nv.nvmlDeviceGetUtilizationRates(h).gpu),
-                "gpu_memory_used_bytes": int(nv.nvmlDeviceGetMemoryInfo(h).used),
-                "gpu_power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0}
+        cuda, i = self._cuda, self._index
+        return {"gpu_util_percent": float(cuda.utilization(i)),
+                "gpu_memory_used_bytes": int(cuda.device_memory_used(i)),
+                "gpu_power_w": cuda.power_draw(i) / 1000.0}
 
 
 def probe_for(device) -> CpuProbe | GpuProbe:
     """GPU probe for a CUDA device (falls back to CPU when NVML is missing), else CPU."""
     if getattr(device, "type", "cpu") == "cuda":
         try:
-            # NVML numbers devices physically; CUDA_VISIBLE_DEVICES remaps them. Ranks here see
-            # all GPUs of their node (launch sets no mask), so the CUDA index is the NVML index.
-            return GpuProbe(device.index or 0)
+            return GpuProbe(device.index or 0)  # the CUDA index: GpuProbe maps it to NVML's
         except Exception as e:  # noqa: BLE001 - a missing NVML must not stop training
             print(f"utilisation sampler: NVML unavailable ({e}); sampling the CPU process instead", flush=True)
     return CpuProbe()

@@ -26,7 +26,9 @@ Exit codes: 0 every run completed; 1 a run failed (the report lists it); 2 bad i
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,7 +36,8 @@ from pathlib import Path
 import yaml
 
 from suite.common.errors import SuiteError, one_line
-from suite.study.arms import DEFAULT_PROFILE, arm_recipes, check_arms, chosen, split
+from suite.record import wandb_export
+from suite.study.arms import DEFAULT_PROFILE, arm_recipes, check_arms, chosen, grouped, split
 
 
 def parse_args(argv):
@@ -71,7 +74,7 @@ def _main(args) -> int:
             "arms": study["arms"], "reference": study["reference"], "thresholds": study.get("thresholds"),
             "prices": study.get("prices")}
     (folder / "study.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    code = _submit_all(recipes, folder, ["--out", str(folder / "runs")])
+    code = _submit_all(grouped(recipes, folder.name), folder, ["--out", str(folder / "runs")])
     if code == 2 and not list(folder.glob("runs/*/summary.json")):
         shutil.rmtree(folder)  # refused before anything ran (e.g. data missing): the error line is all
         return code
@@ -80,8 +83,35 @@ def _main(args) -> int:
 
     (folder / "runs").mkdir(exist_ok=True)
     report_code = report.main([str(folder / "runs"), "--out", str(folder), "--study", str(folder / "study.yaml")])
+    notice = wandb_export.study_run(folder, raw, {name: _csv_rows(folder / f"{name}.csv") for name in STUDY_TABLES})
+    if notice:
+        print(notice, file=sys.stderr)
     print(f"study {raw['name']} ({args.profile}): {folder / 'report.html'}")
     return code or report_code
+
+
+# The report's tables the study's own W&B run holds (analysis.report writes them as CSV).
+STUDY_TABLES = ("published_vs_ours", "throughput", "cost", "runs")
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    """A report CSV's rows, numbers as numbers and empty cells as None ([] where there is none)."""
+    if not path.exists():
+        return []
+
+    def value(text: str):
+        if text == "":
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                return text
+
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def _new_folder(out: Path, name: str) -> Path:

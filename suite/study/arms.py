@@ -86,6 +86,13 @@ def arm_recipes(raw: dict, study: dict, profile: str, repeats: int, overrides=()
     return out
 
 
+def grouped(recipes: dict, group: str) -> dict:
+    """Every arm's runs (its repeats too) in one W&B group: the study's folder name."""
+    for recipe in recipes.values():
+        recipe["tracking"] = {**(recipe.get("tracking") or {}), "wandb_group": group}
+    return recipes
+
+
 def check_arms(recipes: dict) -> None:
     """Validate every arm's every point before anything runs; an error names the arm."""
     for arm, recipe in recipes.items():

@@ -20,7 +20,7 @@ from suite.common import cpu_cap, network
 from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
-from suite.record import console, metrics, run_record, wandb_export
+from suite.record import console, metrics, run_record
 from suite.record.allocated import AllocatedPeak
 from suite.train.tracking import RankLog
 from suite.strategies import prepare
@@ -65,13 +65,11 @@ def run(recipe, run_dir: str | Path | None = None, out: str | Path = "runs", wat
             cap = _cap_cpu(launch, ctx)  # launch.rank_cpu: this rank slowed on purpose (a refusal is recorded)
             _train(recipe, ctx, run_dir, watcher_pid, predict)
         except stop.Stopped:
-            raise  # not the end: a requeued or resumed attempt goes on (and exports then)
+            raise  # not the end: a requeued or resumed attempt goes on (in the same W&B run)
         except BaseException as e:
             _record_error(run_dir, ctx.rank, e)
-            _export_wandb(recipe, ctx, run_dir)
             _release_frames(e)
             raise
-        _export_wandb(recipe, ctx, run_dir)
     finally:
         if cap is not None:
             cap.release()
@@ -101,16 +99,6 @@ def _cap_cpu(launch, ctx):
     if value >= 100:
         return None
     return cpu_cap.cap_this_process(value, torch.get_num_threads(), f"rank{ctx.rank}", f"launch.rank_cpu.{ctx.rank}")
-
-
-def _export_wandb(recipe, ctx, run_dir: Path) -> None:
-    """After training, never during it: this rank's records into its W&B run. A fallback or a
-    failure is said once (rank 0's notice also goes into summary.json, which suite.submit prints)."""
-    notice = wandb_export.export_rank(run_dir, ctx.rank, wandb_export.resolve_mode(recipe.tracking.wandb))
-    if notice and ctx.is_main:
-        print(notice, flush=True)
-        if run_record.summary_path(run_dir).exists():
-            run_record.update_summary(run_dir, wandb_notice=notice)
 
 
 def _agree_run_dir(ctx, recipe, run_dir, out) -> Path:

@@ -1,6 +1,8 @@
 """What one rank records while it trains, in one object, so that ``suite.train.rank`` stays short.
 
-``RankLog.open`` starts this rank's ``MetricsLog`` (the run record) and the utilisation thread (``suite.record.utilisation``). At the end:
+``RankLog.open`` starts this rank's ``MetricsLog`` (the run record), the utilisation thread
+(``suite.record.utilisation``) and, in rank 0, the job's live W&B run (``suite.record.wandb_live``:
+a thread that reads the run record, so no step waits for W&B). At the end:
 - ``rank_fields``: this rank's entries of ``summary.json``'s ``ranks`` list: utilisation means
   and peaks, the rank's throughput, the device's name and the W&B mode asked for;
 - ``run_fields``: run-wide entries: FLOPs per step, achieved FLOP/s, the peak per device and its
@@ -18,22 +20,30 @@ import torch
 import torch.distributed as dist
 
 from suite.models import flops as model_flops
-from suite.record import flops, metrics, peak, run_record, wandb_export
+from suite.record import flops, metrics, peak, run_record, wandb_export, wandb_live
 from suite.record.utilisation import UtilisationSampler, probe_for
 
 
-def oversubscribed(ctx) -> bool:
-    """More threads on this node (its ranks x this rank's threads) than the cores the job has there
-    (Slurm's allocation, else the cores this process may use): ranks then wait for each other's cores."""
+def node_threads_and_cores(ctx) -> tuple[int, int]:
+    """Training threads on this node (its ranks x this rank's threads) and the cores the job has
+    there (Slurm's allocation, else the cores this process may use)."""
     cores = int(os.environ.get("SLURM_CPUS_ON_NODE") or len(os.sched_getaffinity(0)))
-    return ctx.local_world_size * torch.get_num_threads() > cores
+    return ctx.local_world_size * torch.get_num_threads(), cores
+
+
+def oversubscribed(ctx) -> bool:
+    """More training threads on this node than cores: ranks then wait for each other's cores."""
+    threads, cores = node_threads_and_cores(ctx)
+    return threads > cores
 
 
 class RankLog:
-    """This rank's run-record writer and utilisation thread."""
+    """This rank's run-record writer, utilisation thread and (rank 0) live W&B run."""
 
-    def __init__(self, records: run_record.MetricsLog, utilisation: UtilisationSampler, wandb_mode: str):
-        self.records, self.utilisation, self.wandb_mode = records, utilisation, wandb_mode
+    def __init__(self, records: run_record.MetricsLog, utilisation: UtilisationSampler, wandb_mode: str,
+                 live: wandb_live.LiveRun | None = None, run_dir: Path | None = None):
+        self.records, self.utilisation, self.wandb_mode, self.live = records, utilisation, wandb_mode, live
+        self.run_dir = run_dir
         self._utilisation_summary = None
 
     @classmethod
@@ -41,10 +51,19 @@ class RankLog:
         records = run_record.MetricsLog(run_dir, ctx.rank)
         utilisation = UtilisationSampler(probe_for(ctx.device), recipe.tracking.sample_interval_s,
                                          lambda **reading: records.log("utilisation", **reading)).start()
+        mode = wandb_export.resolve_mode(recipe.tracking.wandb)
+        live = None
+        if mode != "disabled" and wandb_live.opens_wandb(ctx.rank):  # started before the barrier: not in a step
+            live = wandb_live.LiveRun(run_dir, recipe.model_dump(mode="json"), mode, ctx.world_size,
+                                      recipe.tracking.wandb_every_s, run_record.latest_checkpoint(run_dir)).start()
+            threads, cores = node_threads_and_cores(ctx)
+            if threads >= cores:  # W&B's thread and services then take their time from a rank's
+                print(f"W&B: every core of this node trains ({threads} threads on {cores} cores); the live W&B run "
+                      f"shares them, logging every {recipe.tracking.wandb_every_s:g} s (tracking.wandb_every_s; "
+                      f"tracking.wandb=disabled, then python -m suite.export, keeps W&B off them)", flush=True)
         if ctx.world_size > 1:
             dist.barrier()  # ranks start timing together: a late rank's start is not its peers' first step
-        # W&B is written from the record once the run ends (suite.record.wandb_export), not now.
-        return cls(records, utilisation, wandb_export.resolve_mode(recipe.tracking.wandb))
+        return cls(records, utilisation, mode, live, run_dir)
 
     def log(self, kind: str, **fields) -> None:
         self.records.log(kind, **fields)
@@ -56,9 +75,16 @@ class RankLog:
         return self._utilisation_summary
 
     def close(self) -> None:
-        """Also on failure: the utilisation thread stops before the file it writes to closes."""
+        """Also on failure: the utilisation thread stops before the file it writes to closes; the
+        live W&B run logs the rest of the record and finishes (a notice is said once, and kept
+        in summary.json, which suite.submit prints)."""
         self.stop_utilisation()
         self.records.close()
+        if self.live is not None:
+            notice, self.live = self.live.close(), None
+            if notice:
+                print(notice, flush=True)
+                run_record.update_summary(self.run_dir, wandb_notice=notice)
 
     def rank_fields(self, ctx, loop) -> dict:
         """This rank's utilisation and throughput (samples of its data shard)."""
@@ -67,6 +93,7 @@ class RankLog:
                 "train_time_s": loop.train_time_s,
                 "samples_per_s": metrics.rate(shard_samples, loop.train_time_s),
                 "wandb_mode": self.wandb_mode,
+                "wandb_live_every_s": self.live.every_s if self.live is not None else None,  # this rank logged live
                 **self.stop_utilisation()}
 
     def run_fields(self, recipe, ctx, loop, ranks: list[dict]) -> dict:

@@ -58,8 +58,8 @@ def report(runs, tmp_path_factory):
     # Run the CLI's main in a fresh interpreter and prove it never imported torch.
     code = ("import sys; from analysis import report; rc = report.main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'analysis imported torch'; sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code, str(root), "--out", str(out),
-                           "--target-accuracy", str(target)], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-c", code, str(root), "--out", str(out), "--target-accuracy", str(target),
+                           "--wandb-report"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -249,3 +249,34 @@ def test_the_parity_table_names_a_models_dropout_from_its_certificate(tmp_path):
     assert rows["with"]["dropout"] == "1 dropout module" and rows["with"]["verdict"] == "differs"
     assert rows["without"]["dropout"] == ""
     assert "set its rate to 0" in PARITY_NOTE
+
+
+def test_offline_the_wandb_report_says_what_it_would_publish_and_the_html_report_is_written(report):
+    out, proc = report
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("W&B report")]
+    assert line.startswith("W&B report not published (W&B mode is disabled; tracking.wandb=online")
+    assert "it would publish 'scalesuite report' to (default entity)/scalesuite" in line
+    assert "group(s) parity" in line and "Throughput and memory: mlp" in line
+    assert (out / "report.html").exists()
+
+
+def test_the_wandb_report_has_the_html_reports_sections_and_panels_over_the_runs_groups(report):
+    """Built, not saved: saving needs a server and a key."""
+    import wandb_workspaces.reports.v2 as wr
+
+    from analysis import wandb_report
+
+    out, _ = report
+    markdown = ["## " + part for part in (out / "tables.md").read_text().split("\n## ")[1:]]
+    parts = wandb_report.sections(markdown)
+    where = {"project": "scalesuite", "entity": "lab", "groups": ["fig3-cpu-20260101-000000"], "mode": "online"}
+    built = wandb_report.build("scalesuite report", where, parts)
+    assert isinstance(built, wr.Report) and (built.project, built.entity) == ("scalesuite", "lab")
+    headings = [b.text for b in built.blocks if isinstance(b, wr.H2)]
+    assert headings == [h for h, _ in parts] and "Throughput and memory: mlp" in headings
+    tables_md = [b.text for b in built.blocks if isinstance(b, wr.MarkdownBlock)]
+    assert len(tables_md) == len(headings) and not any("![" in t for t in tables_md)
+    (grid,) = [b for b in built.blocks if isinstance(b, wr.PanelGrid)]
+    (runset,) = grid.runsets
+    assert "fig3-cpu-20260101-000000" in str(runset.filters) and runset.project == "scalesuite"
+    assert [p.title for p in grid.panels] == [title for title, _, _ in wandb_report.PANELS]

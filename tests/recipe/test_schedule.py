@@ -76,7 +76,7 @@ def test_wandb_export_carries_the_lr(baseline, monkeypatch):
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     _, run_dir = baseline
-    assert wandb_export.export_rank(run_dir, 0, "offline") is None
+    assert wandb_export.export_run(run_dir, "offline") is None
     (written,) = wandb_runs.run_dirs(run_dir)
     rows = wandb_runs.step_metrics(wandb_runs.read(written))
     assert [r["lr"] for r in rows] == pytest.approx(STEP_LRS, rel=1e-12)

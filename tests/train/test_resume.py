@@ -78,9 +78,11 @@ def test_preempted_run_resumes_to_the_same_losses(strategy, wandb, tmp_path, mon
     done = json.loads((cut / "summary.json").read_text())
     assert done["status"] == "completed" and [a["from_step"] for a in done["attempts"]] == [0, 6]
     assert done["final"] == json.loads((whole / "summary.json").read_text())["final"]
-    if wandb == "offline":  # one W&B run per rank, written once the run completed
+    if wandb == "offline":  # the job's one W&B run, continued by the second attempt (a folder each)
         from analysis import wandb_runs
-        assert len(wandb_runs.run_dirs(cut)) == 2
+        job = wandb_runs.read_job(wandb_runs.run_dirs(cut))
+        assert job["attempts"] == 2 and job["ids"] == [cut.name]
+        assert [r["global_loss"] for r in wandb_runs.step_metrics(job)] == resumed
 
 
 def test_periodic_checkpoints_let_a_crashed_run_resume(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-"""Tracking: W&B per rank written from the run record after training (never during it), the
-utilisation sampler, throughput, FLOPs and MFU (against the measured CPU peak: tests/train/test_peak.py)."""
+"""Tracking: the utilisation sampler, throughput, FLOPs and MFU (against the measured CPU peak:
+tests/train/test_peak.py), W&B's mode and its fallback to offline (the job's W&B run itself:
+tests/train/test_wandb.py)."""
 from __future__ import annotations
 
 import os
@@ -40,35 +41,16 @@ def _measurements(calls_file: Path) -> int:
     return len(calls_file.read_text().split()) if calls_file.exists() else 0
 
 
-def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metrics(tmp_path, monkeypatch):
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+def test_two_ranks_record_utilisation_throughput_and_mfu(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a cold peak cache: this run measures
     _count_measurements(monkeypatch, tmp_path / "measured.txt")
-    monkeypatch.chdir(tmp_path)  # W&B must write into the run folder, not ./wandb
-    recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "offline", "sample_interval_s": 0.2}, precision="fp32")
+    recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "disabled", "sample_interval_s": 0.2}, precision="fp32")
     run_dir = train_rank.new_run_dir(recipe, tmp_path / "runs")
     step_losses(recipe, run_dir)
 
-    infos = sorted((wandb_runs.read(d) for d in wandb_runs.run_dirs(run_dir)), key=lambda i: i["name"])
-    assert [i["name"] for i in infos] == [f"{run_dir.name}-rank0", f"{run_dir.name}-rank1"]
-    assert {i["group"] for i in infos} == {run_dir.name}
-    for rank, info in enumerate(infos):
-        assert info["config"]["strategy"] == recipe.model_dump(mode="json")["strategy"]
-        assert info["config"]["training"]["batch_size"] == 32
-        steps = _records(run_dir, "step", rank)
-        assert len(steps) == 8 and wandb_runs.step_metrics(info) == steps
-        epochs = [{k[6:]: v for k, v in row.items() if k.startswith("epoch/")} for row in info["history"]]
-        assert [e for e in epochs if e] == _records(run_dir, "epoch", rank)
-        utilisation = [row for row in info["history"] if "utilisation/rss_bytes" in row]
-        # W&B keeps one row per training step: readings taken within one step share it (the last wins).
-        readings = {r["rss_bytes"] for r in _records(run_dir, "utilisation", rank)}
-        assert utilisation and all(row["utilisation/rss_bytes"] in readings for row in utilisation)
-        assert info["stats"] == [], "W&B's own system sampling stays off: the utilisation records carry it"
-    assert not (tmp_path / "wandb").exists()
-
     summary = read_json(run_dir / "summary.json")
     for r in summary["ranks"]:
-        assert r["wandb_mode"] == "offline" and r["utilisation_device"] == "cpu"
+        assert r["wandb_mode"] == "disabled" and r["utilisation_device"] == "cpu"
         assert r["utilisation_samples"] >= 1 and r["cpu_percent_peak"] >= r["cpu_percent_mean"] >= 0
         assert r["rss_bytes_peak"] >= r["rss_bytes_mean"] > 0
         # per rank: the samples of its half of the data over its own training time
@@ -151,7 +133,7 @@ def _tiny_record(folder, wandb_mode="offline"):
 
 def _export_online(run_dir):
     t0 = time.time()
-    notice = wandb_export.export_rank(run_dir, 0, "online")
+    notice = wandb_export.export_run(run_dir, "online")
     return notice, time.time() - t0
 
 
@@ -174,57 +156,19 @@ def test_online_without_a_usable_key_or_a_server_falls_back_to_offline_within_se
     assert [r["step"] for r in wandb_runs.step_metrics(wandb_runs.read(written))] == [0, 1, 2]
 
 
-def test_no_wandb_runs_in_a_rank_while_it_trains(tmp_path, monkeypatch):
-    import sys
+def test_the_gpu_probe_reads_the_cuda_index_through_torch_which_maps_it_to_nvmls(monkeypatch):
+    """torch's CUDA readings take the CUDA index and map it through CUDA_VISIBLE_DEVICES to NVML's
+    (the physical GPU); NVML's own index (the probe's before) named another GPU on a masked node.
+    No GPU here: torch's readings are replaced by ones that say which index they were given."""
+    import torch
 
-    import psutil
+    from suite.record.utilisation import GpuProbe, probe_for
 
-    from suite.train import loop as loop_module
-
-    monkeypatch.delenv("WANDB_MODE", raising=False)  # the default: offline
-    seen = tmp_path / "seen.txt"
-    real_run = loop_module.StepLoop.run
-
-    def run_and_look(self, *args, **kwargs):
-        out = real_run(self, *args, **kwargs)
-        helpers = [p.name() for p in psutil.Process().children(recursive=True)]
-        wandb_run = "wandb" in sys.modules and sys.modules["wandb"].run is not None  # (pytest may have imported it)
-        seen.write_text(f"{wandb_run} {any('wandb' in h for h in helpers)}")
-        return out
-
-    monkeypatch.setattr(loop_module.StepLoop, "run", run_and_look)
-    recipe = make_recipe({"name": "single"}, tracking={"wandb": "offline"})
-    step_losses(recipe, tmp_path / "run")
-    assert seen.read_text() == "False False", "W&B was imported or running during training"
-    assert wandb_runs.run_dirs(tmp_path / "run"), "and yet the run has its W&B run afterwards"
-
-
-def test_a_failing_wandb_export_leaves_the_run_completed_and_says_so(tmp_path, monkeypatch, capfd):
-    import wandb
-
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("W&B is broken today")
-
-    monkeypatch.setattr(wandb, "init", broken)
-    step_losses(make_recipe({"name": "single"}, tracking={"wandb": "offline"}), tmp_path)
-    summary = read_json(tmp_path / "summary.json")
-    assert summary["status"] == "completed"
-    assert "W&B export of rank 0 failed (RuntimeError: W&B is broken today)" in summary["wandb_notice"]
-    assert capfd.readouterr().out.count("W&B export of rank 0 failed") == 1
-
-
-def test_export_writes_wandb_runs_from_a_run_recorded_with_wandb_disabled(tmp_path):
-    import subprocess
-    import sys
-
-    recipe = make_recipe({"name": "single"}, tracking={"wandb": "disabled"})
-    run_dir = train_rank.new_run_dir(recipe, tmp_path)
-    step_losses(recipe, run_dir)
-    assert not wandb_runs.run_dirs(run_dir)
-    proc = subprocess.run([sys.executable, "-m", "suite.export", str(run_dir)], capture_output=True, text=True,
-                          timeout=120, env={k: v for k, v in os.environ.items() if k != "WANDB_MODE"})
-    assert proc.returncode == 0, proc.stderr
-    (written,) = wandb_runs.run_dirs(run_dir)
-    assert wandb_runs.step_metrics(wandb_runs.read(written)) == _records(run_dir, "step", 0)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "utilization", lambda i: asked.append(("util", i)) or 40)
+    monkeypatch.setattr(torch.cuda, "device_memory_used", lambda i: asked.append(("memory", i)) or 2**30)
+    monkeypatch.setattr(torch.cuda, "power_draw", lambda i: asked.append(("power", i)) or 250_000)
+    probe = probe_for(torch.device("cuda", 1))
+    assert isinstance(probe, GpuProbe)
+    assert probe.read() == {"gpu_util_percent": 40.0, "gpu_memory_used_bytes": 2**30, "gpu_power_w": 250.0}
+    assert {i for _, i in asked} == {1}
