@@ -24,6 +24,7 @@ from suite.strategies.base import StrategyOptions
 class Options(StrategyOptions):
     name: Literal["ds_pipeline"] = "ds_pipeline"
     warm_imports: ClassVar = ("deepspeed",)
+    fp16_needs_gpu: ClassVar = "DeepSpeed's fp16 optimizer runs on GPUs only"
     no_fp64: ClassVar = "DeepSpeed's engine reduces only fp16, bf16 and fp32 gradients"
     stages: PositiveInt = 2
     micro_batches: PositiveInt = 4  # per rank and optimizer step: DeepSpeed's gradient_accumulation_steps

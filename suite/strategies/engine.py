@@ -31,6 +31,10 @@ class StepResult:
     # collectives (waiting for slower peers, then the transfer)
     compute_s: Optional[float] = None
     collective_s: Optional[float] = None
+    # fp16 loss scaling (suite.strategies.scaling): whether an inf/NaN gradient skipped the
+    # optimizer step, and the scale after it; None where the engine does not scale
+    skipped: bool = False
+    loss_scale: Optional[float] = None
 
 
 @dataclass

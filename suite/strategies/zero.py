@@ -34,6 +34,7 @@ OVERLAP = {
 class Options(StrategyOptions):
     name: Literal["zero"] = "zero"
     warm_imports: ClassVar = ("deepspeed",)
+    fp16_needs_gpu: ClassVar = "DeepSpeed's fp16 optimizer runs on GPUs only"
     no_fp64: ClassVar = ("DeepSpeed's ZeRO optimizer keeps float32 master copies of the parameters and reduces "
                          "gradients in float32 at most (its communication_data_type)")
     stage: Literal[0, 1, 2, 3] = 2

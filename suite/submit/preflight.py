@@ -116,8 +116,9 @@ def check_device(recipe) -> None:
         fix = "set launch.gpus_per_node" if launch.executor == "slurm" else "use launch.device=auto or cpu"
         raise SuiteError(f"launch.device=cuda, but {where}; {fix}")
     on_cpu = launch.device == "cpu" or not gpu
-    if precision == "fp16" and on_cpu:
-        raise SuiteError(f"training.precision=fp16 needs a GPU, but the ranks will run on CPU "
+    if precision == "fp16" and on_cpu and recipe.strategy.fp16_needs_gpu:
+        raise SuiteError(f"training.precision=fp16 with strategy {recipe.strategy.name} needs a GPU "
+                         f"({recipe.strategy.fp16_needs_gpu}), but the ranks will run on CPU "
                          f"(launch.device={launch.device}, {where}); use training.precision=bf16 or fp32")
 
 

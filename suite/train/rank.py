@@ -283,6 +283,9 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics(),
             "cpu_quota": cpu_cap.quota_of_process(),  # CPUs it may use at most: launch.rank_cpu, a capped node
             "node": network.node_name()}  # Slurm's node name where it runs there
+    scaling = getattr(engine, "scaling", None)  # ModuleEngine's fp16 loss scaling (DeepSpeed's is its own)
+    if scaling is not None and scaling.enabled:  # steps an inf/NaN gradient skipped, the scale at the end
+        mine.update(skipped_steps=scaling.skipped_steps, loss_scale=scaling.loss_scale())
     if sdist.chosen_network is not None:  # the interface and address it talked on
         mine["network"] = sdist.chosen_network
     own_loop = not isinstance(loop, StepLoop)  # a strategy's own loop (TensorFlow's) measures neither
