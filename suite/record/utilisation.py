@@ -2,7 +2,7 @@
 
 Every ``interval_s`` it reads this rank's device: on CPU the process's CPU % (100 = one core
 busy; it can exceed 100 with several threads) and resident set size; on GPU, through NVML,
-the device's utilisation %, memory used and power. Each reading is logged as a
+the device's utilisation %, memory used and power (the NVML device CUDA's index maps to). Each reading is logged as a
 ``utilisation`` record (to ``metrics.jsonl`` and W&B); ``stop()`` returns means and peaks for
 the per-rank summary. A reading costs tens of microseconds, once a second by default.
 """
@@ -12,6 +12,8 @@ import threading
 import time
 
 import psutil
+
+from suite.record import gpu
 
 
 class CpuProbe:
@@ -27,30 +29,25 @@ class CpuProbe:
 
 
 class GpuProbe:
-    """NVML utilisation %, memory used and power of one GPU. Thin and untested on this CPU-only
-    project: its numbers have never been checked against a GPU here."""
+    """NVML utilisation %, memory used and power of this rank's CUDA device, found by its UUID
+    (``suite.record.gpu``: CUDA numbers the devices ``CUDA_VISIBLE_DEVICES`` leaves, NVML all)."""
     kind = "gpu"
 
     def __init__(self, index: int):
-        import pynvml  # optional: nvidia-ml-py, only on GPU hosts
+        import pynvml  # optional: nvidia-ml-py, the gpu extra, only on GPU hosts
 
         pynvml.nvmlInit()
         self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._handle = gpu.nvml_handle(pynvml, index)
 
     def read(self) -> dict:
-        nv, h = self._nvml, self._handle
-        return {"gpu_util_percent": float(nv.nvmlDeviceGetUtilizationRates(h).gpu),
-                "gpu_memory_used_bytes": int(nv.nvmlDeviceGetMemoryInfo(h).used),
-                "gpu_power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0}
+        return gpu.readings(self._nvml, self._handle)
 
 
 def probe_for(device) -> CpuProbe | GpuProbe:
     """GPU probe for a CUDA device (falls back to CPU when NVML is missing), else CPU."""
     if getattr(device, "type", "cpu") == "cuda":
         try:
-            # NVML numbers devices physically; CUDA_VISIBLE_DEVICES remaps them. Ranks here see
-            # all GPUs of their node (launch sets no mask), so the CUDA index is the NVML index.
             return GpuProbe(device.index or 0)
         except Exception as e:  # noqa: BLE001 - a missing NVML must not stop training
             print(f"utilisation sampler: NVML unavailable ({e}); sampling the CPU process instead", flush=True)

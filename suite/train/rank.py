@@ -20,7 +20,7 @@ from suite.common import cpu_cap, network
 from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
-from suite.record import console, metrics, run_record, wandb_export
+from suite.record import console, gpu, metrics, run_record, wandb_export
 from suite.record.allocated import AllocatedPeak
 from suite.train.tracking import RankLog
 from suite.strategies import prepare
@@ -279,6 +279,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
     mine = {"rank": ctx.rank, "peak_memory_bytes": peak,
             "peak_memory_above_start_bytes": None if memory_start is None else max(peak - memory_start, 0),
             "peak_allocated_bytes": peak_allocated,
+            "peak_reserved_bytes": gpu.peak_reserved_bytes(ctx.device),  # CUDA: allocated plus the allocator's cache
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics(),
             "cpu_quota": cpu_cap.quota_of_process(),  # CPUs it may use at most: launch.rank_cpu, a capped node
