@@ -79,7 +79,9 @@ class Training(Strict):
 
 
 class Launch(Strict):
-    executor: Literal["local", "slurm", "debug", "mpi"] = "local"  # mpi: local ranks under mpirun
+    # mpi: local ranks under mpirun; torchrun: recorded by `torchrun -m suite.train` (its agents
+    # started the ranks, on launch.nodes nodes), never one suite.submit starts
+    executor: Literal["local", "slurm", "debug", "mpi", "torchrun"] = "local"
     nodes: PositiveInt = 1
     tasks_per_node: PositiveInt = 1  # one task per rank
     devices_per_task: PositiveInt = 1  # devices one rank drives (layer-wise model parallel)

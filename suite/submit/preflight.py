@@ -23,6 +23,10 @@ _GIB = 2**30
 def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list[dict]:
     """Check every recipe of a submission; returns each one's predicted bytes (``suite.planner.memory``).
     ``force``: launch even when the predicted bytes exceed the node's memory."""
+    if points[0].launch.executor == "torchrun":
+        raise SuiteError("launch.executor=torchrun is what `torchrun -m suite.train` records, not one suite.submit "
+                         "starts; run torchrun --nnodes N --nproc-per-node G -m suite.train RECIPE, or use "
+                         "launch.executor=local or slurm")
     if not dry_run:
         check_out(Path(out))
     node = _Node.of(points[0].launch)

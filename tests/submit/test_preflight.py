@@ -192,3 +192,8 @@ def test_slurm_settings_the_cluster_lacks_are_refused_before_submitting(capsys, 
 def test_slurm_settings_the_cluster_has_pass(capsys):
     code, err = dry_run(capsys, "launch.executor=slurm", "launch.partition=debug")
     assert code == 0, err
+
+
+def test_the_torchrun_executor_is_recorded_by_torchrun_not_started_by_submit(capsys):
+    assert_one_line(*dry_run(capsys, "launch.executor=torchrun"), "launch.executor=torchrun",
+                    "torchrun --nnodes N --nproc-per-node G -m suite.train")
