@@ -287,6 +287,8 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
     scaling = getattr(engine, "scaling", None)  # ModuleEngine's fp16 loss scaling (DeepSpeed's is its own)
     if scaling is not None and scaling.enabled:  # steps an inf/NaN gradient skipped, the scale at the end
         mine.update(skipped_steps=scaling.skipped_steps, loss_scale=scaling.loss_scale())
+    if ctx.backend == "nccl":  # NCCL's version and NCCL_* settings, per rank: nodes may differ
+        mine["nccl"] = sdist.nccl_settings(ctx.backend)
     if sdist.chosen_network is not None:  # the interface and address it talked on
         mine["network"] = sdist.chosen_network
     own_loop = not isinstance(loop, StepLoop)  # a strategy's own loop (TensorFlow's) measures neither
