@@ -43,7 +43,7 @@ class Options(StrategyOptions):
     name: Literal["param_server"] = "param_server"
     staleness: int = 1  # a worker pulls at least every N of its steps; the server's bound is N x world
     warm_imports: ClassVar = ("torch.distributed.rpc",)
-    refuses: ClassVar = (scaling.refused("its workers' pushes to the server do not apply"),)
+    refuses: ClassVar = (scaling.refused("its workers push unscaled gradients to a server that skips no step"),)
     no_parity: ClassVar = "param_server's workers push gradients computed on stale weights, asynchronously"
     overlap: ClassVar = costs.NOTHING_HIDDEN
     # Tried; outside a launched job its RPC start fails (no MASTER_ADDR), and the plan falls back

@@ -37,8 +37,8 @@ class Options(StrategyOptions):
     name: Literal["pipeline"] = "pipeline"
     warm_imports: ClassVar = ("torch.distributed.pipelining",)
     reusable_process: ClassVar = True
-    refuses: ClassVar = (scaling.refused("torch.distributed.pipelining's schedules, which run backward "
-                                         "inside their step, do not apply"),)
+    refuses: ClassVar = (scaling.refused("torch.distributed.pipelining's schedules run backward inside "
+                                         "their step, on an unscaled loss"),)
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
     stages: Optional[PositiveInt] = None  # pipeline degree; default: world size / dp
     dp: Optional[PositiveInt] = None  # data-parallel degree; default: 1, or world size / stages

@@ -79,4 +79,4 @@ class LossScaling:
 def refused(why: str):
     """The ``Refused`` entry of a strategy whose steps do not pass through the scaler."""
     return Refused("training.precision", ("bf16", "fp32", "fp64"),
-                   f"fp16 needs loss scaling, which {why}; bf16 needs none")
+                   f"fp16 needs loss scaling, and {why}; bf16 needs none")
