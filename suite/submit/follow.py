@@ -190,11 +190,8 @@ class Watch:
         waited = time.time() - self._requeued_at
         if waited < self.requeue_wait_s:
             return False
-        self.job.cancel(check=False)
-        self.cancelled_by_us = True
-        self.lost = (f"Slurm requeued the job after its node(s) {self._nodes or '?'} failed, and it did not start "
-                     f"again within launch.elastic_wait_s={self.requeue_wait_s:g} s", waited)
-        return True
+        return self._give_up(f"Slurm requeued the job after its node(s) {self._nodes or '?'} failed, and it did "
+                             f"not start again within launch.elastic_wait_s={self.requeue_wait_s:g} s", waited)
 
     def _cannot_be_placed(self) -> bool:
         """launch.elastic: a job that never ran, pending for ``requeue_wait_s`` on nodes that are
@@ -212,10 +209,14 @@ class Watch:
         why = restart.unplaceable(self.job.job_id)
         if why is None:
             return False
+        return self._give_up(f"the job cannot start on the nodes left: {why}; it pended {waited:.0f} s "
+                             f"(launch.elastic_wait_s={self.requeue_wait_s:g})", waited)
+
+    def _give_up(self, why: str, waited: float) -> bool:
+        """Cancel the pending job: the run fails restartable with ``why`` (``outcome``)."""
         self.job.cancel(check=False)
         self.cancelled_by_us = True
-        self.lost = (f"the job cannot start on the nodes left: {why}; it pended "
-                     f"{waited:.0f} s (launch.elastic_wait_s={self.requeue_wait_s:g})", waited)
+        self.lost = (why, waited)
         return True
 
     def _dead_ranks(self) -> list[int]:

@@ -78,6 +78,33 @@ def _slurm_state() -> str:
     return "\n".join(out)
 
 
+def _submit(path: Path, out: Path) -> subprocess.Popen:
+    """suite.submit of the recipe at ``path``, its first attempt pausing at PAUSE_AT."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # as users run it: W&B offline
+    env["SCALESUITE_FAIL_AT"] = f"0:{PAUSE_AT}:pause@1"
+    return subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _paused(out: Path, prefix: str, proc, deadline: float) -> Path | None:
+    """The run folder once its checkpoint before the pause is saved (None: never by ``deadline``)."""
+    while time.time() < deadline and proc.poll() is None:
+        runs = [p for p in out.glob(f"{prefix}-*") if (p / "checkpoint" / "latest.json").exists()]
+        if runs and json.loads((runs[0] / "checkpoint" / "latest.json").read_text())["step"] >= PAUSE_AT - 1:
+            return runs[0]
+        time.sleep(0.5)
+    return None
+
+
+def _finish(proc, until: float) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=max(10.0, until - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"suite.submit still running; its output:\n{stdout[-3000:]}{stderr[-3000:]}\n{_slurm_state()}")
+
+
 def _losses(run_dir):
     latest = {}
     for rec in run_record.read_metrics(run_dir, kind="step", rank=0):  # a later attempt's line wins
@@ -98,33 +125,20 @@ def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baselin
                      "elastic": elastic, "elastic_wait_s": 3}
     path = tmp_path / "elastic.yaml"
     path.write_text(yaml.safe_dump(raw))
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # as users run it: W&B offline
-    env["SCALESUITE_FAIL_AT"] = f"0:{PAUSE_AT}:pause@1"
     out = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = _submit(path, out)
     lost, started = None, time.time()
     try:
         deadline = started + 180
-        while time.time() < deadline and proc.poll() is None:
-            runs = [p for p in out.glob("elastic-*") if (p / "checkpoint" / "latest.json").exists()]
-            if runs and json.loads((runs[0] / "checkpoint" / "latest.json").read_text())["step"] >= PAUSE_AT - 1:
-                lost = "n2"  # rank 1's: the run asks for both nodes
-                _take_node_away(lost, run_record.read_job(runs[0])["job_id"])
-                break
-            time.sleep(0.5)
-        assert lost, "the run never reached its pause with a checkpoint"
-        while not elastic and time.time() < deadline and len(run_record.recorded_attempts(runs[0])) < 2:
+        paused = _paused(out, "elastic", proc, deadline)
+        assert paused, "the run never reached its pause with a checkpoint"
+        lost = "n2"  # rank 1's: the run asks for both nodes
+        _take_node_away(lost, run_record.read_job(paused)["job_id"])
+        while not elastic and time.time() < deadline and len(run_record.recorded_attempts(paused)) < 2:
             time.sleep(0.5)  # the restart is submitted, and waits for the node
         if not elastic:
             _bring_back(lost)
-        try:
-            stdout, stderr = proc.communicate(timeout=max(10.0, started + 270 - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-            pytest.fail(f"suite.submit still running after 270 s; its output:\n{stdout[-3000:]}{stderr[-3000:]}\n"
-                        f"{_slurm_state()}")
+        stdout, stderr = _finish(proc, started + 270)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -432,38 +446,22 @@ def test_a_node_set_down_then_drained_mid_run_finishes_on_the_node_left(tmp_path
                      "elastic": True, "elastic_wait_s": wait_s}
     path = tmp_path / "drained.yaml"
     path.write_text(yaml.safe_dump(raw))
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    env["SCALESUITE_FAIL_AT"] = f"0:{PAUSE_AT}:pause@1"
-    out = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = _submit(path, tmp_path / "runs")
     taken, started = False, time.time()
     try:
-        deadline = started + 180
-        while time.time() < deadline and proc.poll() is None:
-            runs = [p for p in out.glob("drained-*") if (p / "checkpoint" / "latest.json").exists()]
-            if runs and json.loads((runs[0] / "checkpoint" / "latest.json").read_text())["step"] >= PAUSE_AT - 1:
-                subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=test_drained"], check=True)
-                taken = True
-                time.sleep(1)
-                subprocess.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=test_drained"], check=True)
-                break
-            time.sleep(0.5)
-        assert taken, "the run never reached its pause with a checkpoint"
-        try:
-            stdout, stderr = proc.communicate(timeout=max(10.0, started + 240 - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-            pytest.fail(f"suite.submit still running after 240 s; its output:\n{stdout[-3000:]}{stderr[-3000:]}\n"
-                        f"{_slurm_state()}")
+        assert _paused(tmp_path / "runs", "drained", proc, started + 180), "the run never reached its pause"
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=test_drained"], check=True)
+        taken = True
+        time.sleep(1)
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=test_drained"], check=True)
+        stdout, stderr = _finish(proc, started + 240)
     finally:
         if proc.poll() is None:
             proc.kill()
         if taken:
             subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:] + _slurm_state()
-    (run_dir,) = out.glob("drained-*")
+    (run_dir,) = (tmp_path / "runs").glob("drained-*")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["attempts"][-1].get("world_size") == 1, summary["attempts"]
     assert "continuing on 1 of 2 node(s) (launch.elastic)" in stdout, stdout
