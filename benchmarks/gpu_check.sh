@@ -37,14 +37,14 @@ LAUNCH="launch.device=cuda launch.tasks_per_node=$GPUS launch.nodes=1"
 STEPS="training.epochs=20 training.max_steps=20"
 
 # The strategies that run on G GPUs of one node: data parallel and ZeRO at any G; tensor and the
-# pipelines need two ranks or more. fp16: pipeline and param_server refuse it (no loss scaling).
+# pipelines need two ranks or more. fp16: pipeline and tensor refuse it (their steps cannot scale).
 # (JSON, which is YAML without spaces: each command splits into its words at spaces.)
 STRATEGIES='{"name":"ddp"},{"name":"allreduce"},{"name":"fsdp"},{"name":"fsdp1"},{"name":"oss"},{"name":"zero","stage":1},{"name":"zero","stage":2},{"name":"zero","stage":3}'
 VERIFY="ddp,allreduce,fsdp,fsdp1,oss,zero:stage=1,zero:stage=2,zero:stage=3"
 if [ "$GPUS" -ge 2 ]; then
-    STRATEGIES="$STRATEGIES,{\"name\":\"tensor\",\"tp\":$GPUS},{\"name\":\"ds_pipeline\",\"stages\":$GPUS}"
+    STRATEGIES="$STRATEGIES,{\"name\":\"ds_pipeline\",\"stages\":$GPUS}"
     VERIFY="$VERIFY,tensor:tp=$GPUS,pipeline:stages=$GPUS,ds_pipeline:stages=$GPUS"
-    BF16_ONLY=",{\"name\":\"pipeline\",\"stages\":$GPUS}"
+    BF16_ONLY=",{\"name\":\"tensor\",\"tp\":$GPUS},{\"name\":\"pipeline\",\"stages\":$GPUS}"
 else
     BF16_ONLY=""
     STRATEGIES='{"name":"single"},'"$STRATEGIES"  # one rank: single too (it needs world size 1)

@@ -11,7 +11,7 @@ Strategies whose steps do not pass through it refuse fp16 naming bf16 (their ``r
 Where the gradients are sharded, every rank must agree on skipping:
 - replicas (ddp, allreduce, ...): after the reduction every rank holds the same gradients, so
   each finds the same inf;
-- DTensor gradients (fsdp, tensor): torch's DTensor dispatch reduces the found-inf flag of
+- DTensor gradients (fsdp): torch's DTensor dispatch reduces the found-inf flag of
   ``_amp_foreach_non_finite_check_and_unscale_`` over the mesh, so the plain scaler serves FSDP2;
 - FSDP1's flat shards are plain tensors: its own ``ShardedGradScaler`` all-reduces the flag.
 

@@ -79,6 +79,8 @@ def _rank_steps(strategy: dict, poison: str, clip=None):
     ({"name": "allreduce"}, "leaf"),
     ({"name": "fsdp"}, "shard"),  # FSDP2: DTensor shards, the plain scaler (torch reduces found-inf)
     ({"name": "fsdp1"}, "shard"),  # FSDP1: flat shards, ShardedGradScaler
+    ({"name": "oss"}, "leaf"),
+    ({"name": "oss", "gradients": "sharded_ddp"}, "leaf"),
 ])
 def test_an_inf_gradient_skips_the_step_on_every_rank_and_halves_the_scale(strategy, poison):
     for steps, skipped_steps in run_ranks(_rank_steps, WORLD, strategy, poison):
@@ -118,7 +120,8 @@ def test_an_fp16_run_records_its_scale_and_skipped_steps(tmp_path):
     assert "loss_scale" not in next(iter(read_metrics(tmp_path / "fp32", kind="step")))  # fp32: nothing scales
 
 
-@pytest.mark.parametrize("strategy", [{"name": "pipeline", "stages": 2}, {"name": "param_server"}])
+@pytest.mark.parametrize("strategy", [{"name": "pipeline", "stages": 2}, {"name": "param_server"},
+                                      {"name": "tensor", "tp": 2}])
 def test_strategies_whose_steps_cannot_scale_refuse_fp16_naming_bf16(strategy):
     with pytest.raises(SuiteError, match=r"training\.precision=fp16.*loss scaling.*set training\.precision=bf16") as err:
         make_recipe(strategy, world_size=WORLD, precision="fp16")
