@@ -278,21 +278,17 @@ class ModuleEngine(Engine):
                 "optimizer_state": optimizer_state_bytes(self.optimizer)}
 
     def state_dict(self) -> dict:
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                **self.scaling_state()}
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.load_scaling_state(state)
 
     def scaling_state(self) -> dict:
-        """fp16's loss scale and skipped-step count, for a checkpoint ({} otherwise)."""
-        scaled = self.scaling.state_dict()
-        return {"loss_scaling": scaled} if scaled else {}
+        return self.scaling.state_dict()
 
     def load_scaling_state(self, state: dict) -> None:
-        self.scaling.load_state_dict(state.get("loss_scaling", {}))
+        self.scaling.load_state_dict(state)
 
     def neutral_state(self) -> dict:
         return neutral.module_state(self.module, self.optimizer)

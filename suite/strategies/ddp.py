@@ -47,13 +47,11 @@ class DDPEngine(ModuleEngine):
         return super().sync_context(last) if last else self.module.no_sync()
 
     def state_dict(self) -> dict:
-        return {"model": self.module.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                **self.scaling_state()}
+        return {"model": self.module.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.module.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.load_scaling_state(state)
 
 
 def build(opts: Options, setup) -> DDPEngine:

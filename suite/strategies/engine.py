@@ -183,6 +183,14 @@ class Engine:
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
+    def scaling_state(self) -> dict:
+        """fp16's loss scale and the steps it skipped (``suite.strategies.scaling``), kept in each
+        rank's checkpoint file whatever its format; {} where the engine does not scale."""
+        return {}
+
+    def load_scaling_state(self, state: dict) -> None:
+        """Restore ``scaling_state``'s ({} from a checkpoint without one: the scale starts over)."""
+
     def neutral_state(self) -> dict:
         """This rank's part of the run's strategy-neutral state (``suite.strategies.neutral``):
         the model's tensors and the optimizer's per-parameter state by the plain model's names,

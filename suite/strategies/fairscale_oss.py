@@ -74,13 +74,11 @@ class OSSEngine(ModuleEngine):
 
     def state_dict(self) -> dict:
         """This rank's own optimizer shard (checkpoints are per rank, at a fixed world size)."""
-        return {"model": self.module.module.state_dict(), "optimizer_shard": self.optimizer.optim.state_dict(),
-                **self.scaling_state()}
+        return {"model": self.module.module.state_dict(), "optimizer_shard": self.optimizer.optim.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.module.module.load_state_dict(state["model"])
         self.optimizer.optim.load_state_dict(state["optimizer_shard"])
-        self.load_scaling_state(state)
 
 
 def sharded_optimizer(setup, params):

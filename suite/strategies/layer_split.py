@@ -96,13 +96,11 @@ class SplitEngine(ModuleEngine):
         return getattr(self.module, "module", self.module)  # under DDP, the split model itself
 
     def state_dict(self) -> dict:
-        return {"model": self._plain().state_dict(), "optimizer": self.optimizer.state_dict(),
-                **self.scaling_state()}
+        return {"model": self._plain().state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self._plain().load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.load_scaling_state(state)
 
 
 def build(opts: Options, setup) -> SplitEngine:

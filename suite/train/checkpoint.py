@@ -64,7 +64,7 @@ def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False)
     step = loop_state["step"]
     target = folder(run_dir) / f"step-{step}"
     target.mkdir(parents=True, exist_ok=True)
-    state = {"loop": dict(loop_state), "rng": _rng_state()}
+    state = {"loop": dict(loop_state), "rng": _rng_state(), "loss_scaling": engine.scaling_state()}
     staged = None
     try:
         if background:  # copies now (training changes the originals); every file is the thread's
@@ -331,6 +331,7 @@ def load(run_dir: Path, ctx, engine) -> dict | None:
                 dcp.load(template, checkpoint_id=str(where / MODEL))
         engine.load_neutral_state(template)
     _set_rng_state(state["rng"])
+    engine.load_scaling_state(state.get("loss_scaling") or {})  # fp16's scale goes on where it was
     return state["loop"]
 
 

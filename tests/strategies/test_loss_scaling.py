@@ -126,3 +126,30 @@ def test_strategies_whose_steps_cannot_scale_refuse_fp16_naming_bf16(strategy):
     with pytest.raises(SuiteError, match=r"training\.precision=fp16.*loss scaling.*set training\.precision=bf16") as err:
         make_recipe(strategy, world_size=WORLD, precision="fp16")
     assert "\n" not in str(err.value)
+
+
+def _save_and_resume(run_dir):
+    from suite.train import checkpoint
+
+    dist.init_process_group("gloo")
+    try:
+        recipe = make_recipe({"name": "ddp"}, world_size=WORLD, precision="fp16")
+        ctx = DistContext(dist.get_rank(), WORLD, dist.get_rank(), WORLD, CPU, "gloo", (CPU,))
+        saved = strategies.build(recipe.strategy, make_setup(recipe, ctx))
+        saved.scaling.scale(torch.ones(()))  # the scale exists from the first scaled loss on
+        saved.scaling.scaler.update(new_scale=1024.0)  # as after six skipped steps
+        saved.scaling.skipped_steps = 6
+        checkpoint.save(run_dir, ctx, saved, {"step": 8})
+        resumed = strategies.build(recipe.strategy, make_setup(recipe, ctx))
+        loop = checkpoint.load(run_dir, ctx, resumed)
+        return loop["step"], resumed.scaling.loss_scale(), resumed.scaling.skipped_steps
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_resumed_fp16_run_goes_on_at_its_loss_scale(tmp_path):
+    """Each rank's checkpoint file keeps the scale and the skipped steps (ddp's checkpoint is the
+    strategy-neutral one, whose model files know nothing of a scaler): a resume does not start
+    again at 65536 and skip the steps it took to come down."""
+    for step, scale, skipped in run_ranks(_save_and_resume, WORLD, tmp_path):
+        assert (step, scale, skipped) == (8, 1024.0, 6)
