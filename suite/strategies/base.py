@@ -215,7 +215,8 @@ class ModuleEngine(Engine):
         stepped = self.scaling.step(self.optimizer)
         self.zero_grad()
         result = sums.result(len(inputs), grad_norm)
-        result.skipped, result.loss_scale = not stepped, self.scaling.loss_scale()
+        if self.scaling.enabled:
+            result.skipped, result.loss_scale = not stepped, self.scaling.loss_scale()
         if self.clock is not None:
             result.compute_s, result.collective_s = self.clock.split(started, reduced, time.perf_counter())
         return result
@@ -283,6 +284,11 @@ class ModuleEngine(Engine):
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def scaling_record(self) -> dict:
+        if not self.scaling.enabled:
+            return {}
+        return {"skipped_steps": self.scaling.skipped_steps, "loss_scale": self.scaling.loss_scale()}
 
     def scaling_state(self) -> dict:
         return self.scaling.state_dict()

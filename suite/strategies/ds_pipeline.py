@@ -129,9 +129,9 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         self._correct = torch.zeros((), device=inputs.device)
         self.ds.train_batch(self._batches(inputs, targets, self.micro_batches))
         if not self.last_stage:
-            return StepResult(loss=None, samples=0, grad_norm=self.grad_norm())
+            return StepResult(loss=None, samples=0, grad_norm=self.grad_norm(), skipped=self.skipped_step())
         return StepResult(loss=ds_compat.replica_loss(self.ds).double(), samples=len(inputs), correct=self._correct,
-                          grad_norm=self.grad_norm())
+                          grad_norm=self.grad_norm(), skipped=self.skipped_step())
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):

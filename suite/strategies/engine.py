@@ -31,9 +31,9 @@ class StepResult:
     # collectives (waiting for slower peers, then the transfer)
     compute_s: Optional[float] = None
     collective_s: Optional[float] = None
-    # fp16 loss scaling (suite.strategies.scaling): whether an inf/NaN gradient skipped the
-    # optimizer step, and the scale after it; None where the engine does not scale
-    skipped: bool = False
+    # fp16 loss scaling (suite.strategies.scaling; DeepSpeed's own): whether an inf/NaN gradient
+    # skipped the optimizer step, and the scale after it (where known); None where nothing scales
+    skipped: Optional[bool] = None
     loss_scale: Optional[float] = None
 
 
@@ -182,6 +182,11 @@ class Engine:
 
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
+
+    def scaling_record(self) -> dict:
+        """This rank's summary fields of fp16's loss scaling: ``skipped_steps`` (and ``loss_scale``
+        where the engine knows it); {} where nothing scales."""
+        return {}
 
     def scaling_state(self) -> dict:
         """fp16's loss scale and the steps it skipped (``suite.strategies.scaling``), kept in each

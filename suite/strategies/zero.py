@@ -210,7 +210,9 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
                 self._gradient_bytes = _deepspeed.gradient_bytes(self.ds, self._params)
             self.ds.step()  # steps the optimizer only at the accumulation boundary
             sums.add(loss, self.setup.task.correct(out, y), passes)
-        return sums.result(len(inputs), self.grad_norm())
+        result = sums.result(len(inputs), self.grad_norm())
+        result.skipped = self.skipped_step()
+        return result
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):

@@ -279,7 +279,8 @@ def _split(result) -> dict:
 def _scaling(result) -> dict:
     """fp16's loss scale after the step and whether an inf/NaN gradient skipped it, where the
     engine scales (suite.strategies.scaling; else nothing)."""
-    return {} if result.loss_scale is None else {"loss_scale": result.loss_scale, "skipped": result.skipped}
+    out = {} if result.skipped is None else {"skipped": result.skipped}
+    return out if result.loss_scale is None else {**out, "loss_scale": result.loss_scale}
 
 
 def _grad_norm(result) -> dict:

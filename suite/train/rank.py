@@ -284,9 +284,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics(),
             "cpu_quota": cpu_cap.quota_of_process(),  # CPUs it may use at most: launch.rank_cpu, a capped node
             "node": network.node_name()}  # Slurm's node name where it runs there
-    scaling = getattr(engine, "scaling", None)  # ModuleEngine's fp16 loss scaling (DeepSpeed's is its own)
-    if scaling is not None and scaling.enabled:  # steps an inf/NaN gradient skipped, the scale at the end
-        mine.update(skipped_steps=scaling.skipped_steps, loss_scale=scaling.loss_scale())
+    mine.update(engine.scaling_record())  # fp16: steps an inf/NaN gradient skipped, the scale at the end
     if ctx.backend == "nccl":  # NCCL's version and NCCL_* settings, per rank: nodes may differ
         mine["nccl"] = sdist.nccl_settings(ctx.backend)
     if sdist.chosen_network is not None:  # the interface and address it talked on

@@ -153,3 +153,20 @@ def test_a_resumed_fp16_run_goes_on_at_its_loss_scale(tmp_path):
     again at 65536 and skip the steps it took to come down."""
     for step, scale, skipped in run_ranks(_save_and_resume, WORLD, tmp_path):
         assert (step, scale, skipped) == (8, 1024.0, 6)
+
+
+def test_deepspeed_s_own_fp16_skips_are_recorded():
+    """DeepSpeed scales fp16 itself (GPU only): a step its scaler skipped (``was_step_applied``
+    false) is the step's ``skipped`` and counts in the summary's ``skipped_steps``."""
+    from types import SimpleNamespace
+
+    from suite.strategies._deepspeed import DeepSpeedEngine
+
+    applied = iter([True, False, True])
+    engine = DeepSpeedEngine.__new__(DeepSpeedEngine)
+    engine.setup, engine.skipped_steps = SimpleNamespace(precision="fp16"), 0
+    engine.ds = SimpleNamespace(was_step_applied=lambda: next(applied))
+    assert [engine.skipped_step() for _ in range(3)] == [False, True, False]
+    assert engine.scaling_record() == {"skipped_steps": 1}
+    engine.setup = SimpleNamespace(precision="bf16")  # no scaler: nothing recorded
+    assert engine.skipped_step() is None and engine.scaling_record() == {}
