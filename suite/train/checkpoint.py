@@ -166,12 +166,15 @@ _cuda_stager = None  # DCP's stager, one per process: its pinned buffers serve e
 def _stager():
     global _cuda_stager
     if _cuda_stager is None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # start-up: CUDA saves only
+        from torch.distributed.checkpoint import staging  # start-up: CUDA saves only
 
-        # synchronous: the copy must be whole before training changes the originals; no shared
-        # memory: the writer is a thread of this process
-        _cuda_stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=True))
+        if hasattr(staging, "DefaultStager"):
+            # synchronous: the copy must be whole before training changes the originals; no shared
+            # memory: the writer is a thread of this process
+            _cuda_stager = staging.DefaultStager(staging.StagingOptions(
+                use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True))
+        else:  # torch releases before DefaultStager (pyproject allows them): pinned, cached, blocking copies
+            _cuda_stager = staging.BlockingAsyncStager(cache_staged_state_dict=True)
     return _cuda_stager
 
 

@@ -79,6 +79,15 @@ def test_a_cuda_save_stages_in_pinned_host_memory_through_dcp_once_per_process(m
     assert len(stager.staged) == 2 and torch.equal(copied["model"]["w"], state["model"]["w"])
 
 
+def test_an_older_torch_stages_through_dcp_s_blocking_stager_with_pinned_cached_buffers(monkeypatch):
+    import torch.distributed.checkpoint.staging as staging
+
+    monkeypatch.delattr(staging, "DefaultStager")
+    monkeypatch.setattr(checkpoint, "_cuda_stager", None)
+    stager = checkpoint._stager()
+    assert isinstance(stager, staging.BlockingAsyncStager) and stager.cache_staged_state_dict
+
+
 def _stage_a_sharded_state():
     """DCP's stager as the CUDA path uses it, with the CPU's options: a DTensor stays sharded, the
     copy does not move when training changes the originals, and the next save reuses its buffers."""
