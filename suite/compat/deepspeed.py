@@ -1,5 +1,5 @@
 """DeepSpeed internals the zero and ds_pipeline strategies rely on. Every access was checked on
-deepspeed 0.19.8 (the pin in pyproject.toml; ``suite.compat.CHECKED``) and only that version;
+deepspeed 0.19.8 (constraints.txt, the tested set; ``suite.compat.CHECKED``) and only that version;
 docs/compat.md says what each is for. DeepSpeed is imported inside the functions, as in
 suite/strategies/_deepspeed.py.
 """

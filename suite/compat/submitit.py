@@ -1,5 +1,5 @@
 """submitit internals the launcher, the follower and the preemption handler rely on. Every access
-was checked on submitit 1.5.4 (the pin in pyproject.toml; ``suite.compat.CHECKED``) and only that
+was checked on submitit 1.5.4 (constraints.txt, the tested set; ``suite.compat.CHECKED``) and only that
 version; docs/compat.md says what each is for. Everything else the suite uses is submitit's public
 API (executors, ``Job.state``/``cancel``/``task``/``exception``, ``JobEnvironment``, ``helpers``).
 """

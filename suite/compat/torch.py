@@ -1,5 +1,5 @@
 """torch internals the pipeline strategy, the planner, the CPU memory peak and a local pool's warm
-start rely on. Every access was checked on torch 2.14.1 (the pin in pyproject.toml;
+start rely on. Every access was checked on torch 2.14.1 (constraints.txt, the tested set;
 ``suite.compat.CHECKED``) and only that version; docs/compat.md says what each is for.
 """
 from __future__ import annotations

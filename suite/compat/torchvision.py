@@ -1,5 +1,5 @@
 """torchvision internals the vision data sets rely on. Every access was checked on torchvision
-0.29.1 (the pin in pyproject.toml; ``suite.compat.CHECKED``) and only that version; docs/compat.md
+0.29.1 (constraints.txt, the tested set; ``suite.compat.CHECKED``) and only that version; docs/compat.md
 says what each is for.
 """
 from __future__ import annotations

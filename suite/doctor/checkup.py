@@ -65,7 +65,7 @@ def run(spec: CheckupSpec) -> Checkup:
     backends = [name for name, key in (("gloo", "gloo"), ("nccl", "nccl_built"), ("mpi", "mpi_backend")) if soft[key]]
     up.emit(Check("torch", "info", f"{soft['torch']}, CUDA build {soft['torch_cuda_build'] or 'none'}, "
                                    f"backends: {', '.join(backends) or 'none'}"))
-    up.emit(versions.version_check(soft["libraries"], versions.pins()))
+    up.emit(versions.version_check(soft["libraries"]))
     up.emit(Check("cpu", "info", f"{cpu['cores_usable']} usable core(s) of {cpu['cores_machine']}, {cpu['machine']}, "
                                  f"ATen CPU capability {cpu['aten_capability']}"))
     up.emit(versions.gpu_check(gpus))

@@ -83,7 +83,9 @@ class Training(Strict):
 
 
 class Launch(Strict):
-    executor: Literal["local", "slurm", "debug", "mpi"] = "local"  # mpi: local ranks under mpirun
+    # mpi: local ranks under mpirun; torchrun: recorded by `torchrun -m suite.train` (its agents
+    # started the ranks, on launch.nodes nodes), never one suite.submit starts
+    executor: Literal["local", "slurm", "debug", "mpi", "torchrun"] = "local"
     nodes: PositiveInt = 1
     tasks_per_node: PositiveInt = 1  # one task per rank
     devices_per_task: PositiveInt = 1  # devices one rank drives (layer-wise model parallel)
@@ -256,8 +258,9 @@ def check(recipe: Recipe) -> None:
     if len(launch.rank_cpu) > launch.world_size:
         raise SuiteError(f"launch.rank_cpu gives {len(launch.rank_cpu)} ranks a share, but the run has "
                          f"{launch.world_size}; give at most one per rank, in rank order")
-    if recipe.training.precision == "fp16" and recipe.launch.device == "cpu":
-        raise SuiteError("training.precision=fp16 needs a GPU; use bf16 on CPU")
+    if recipe.training.precision == "fp16" and recipe.launch.device == "cpu" and recipe.strategy.fp16_needs_gpu:
+        raise SuiteError(f"training.precision=fp16 with strategy {recipe.strategy.name} needs a GPU "
+                         f"({recipe.strategy.fp16_needs_gpu}); use bf16 on CPU")
 
 
 def check_elastic(recipe: Recipe) -> None:

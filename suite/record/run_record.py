@@ -46,6 +46,7 @@ class RankSummary(BaseModel):
     peak_memory_bytes: int
     peak_memory_above_start_bytes: Optional[int] = None  # None: a TensorFlow run (its own loop)
     peak_allocated_bytes: Optional[int] = None  # None: its own loop, a compiled run, no glibc
+    peak_reserved_bytes: Optional[int] = None  # CUDA: the caching allocator's peak reservation; None on CPU
     held_bytes: dict[str, int]
     step_time_s: Optional[float] = None
     device: str = "cpu"
@@ -60,6 +61,10 @@ class RankSummary(BaseModel):
     compute_s: Optional[float] = None
     collective_s: Optional[float] = None
     batch_share: Optional[int] = None  # samples of the global batch it trained per step: training.balance
+    # training.precision=fp16 (suite.strategies.scaling): steps an inf/NaN gradient skipped, the scale at the end
+    skipped_steps: Optional[int] = None
+    loss_scale: Optional[float] = None
+    nccl: Optional[dict] = None  # NCCL's version and this rank's NCCL_* settings; None off NCCL
 
 
 class Summary(BaseModel):

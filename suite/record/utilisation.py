@@ -1,8 +1,8 @@
 """The suite's own utilisation sampler: one background thread per rank.
 
 Every ``interval_s`` it reads this rank's device: on CPU the process's CPU % (100 = one core
-busy; it can exceed 100 with several threads) and resident set size; on GPU (``GpuProbe``),
-the device's utilisation %, memory used and power. Each reading is logged as a
+busy; it can exceed 100 with several threads) and resident set size; on GPU, through NVML,
+the device's utilisation %, memory used and power (the NVML device CUDA's index maps to). Each reading is logged as a
 ``utilisation`` record (to ``metrics.jsonl`` and W&B); ``stop()`` returns means and peaks for
 the per-rank summary. A reading costs tens of microseconds, once a second by default.
 """
@@ -12,6 +12,8 @@ import threading
 import time
 
 import psutil
+
+from suite.record import gpu
 
 
 class CpuProbe:
@@ -27,29 +29,26 @@ class CpuProbe:
 
 
 class GpuProbe:
-    """Utilisation %, memory used and power of one GPU, read through torch's CUDA functions (NVML
-    underneath): they take the CUDA index and map it to NVML's through ``CUDA_VISIBLE_DEVICES``
-    (as Slurm sets it on shared nodes), where NVML's own index would name another GPU."""
+    """NVML utilisation %, memory used and power of this rank's CUDA device, found by its UUID
+    (``suite.record.gpu``: CUDA numbers the devices ``CUDA_VISIBLE_DEVICES`` leaves, NVML all)."""
     kind = "gpu"
 
     def __init__(self, index: int):
-        import torch  # late: only a rank on a GPU samples one; the run record itself stays torch-free
+        import pynvml  # optional: nvidia-ml-py, the gpu extra, only on GPU hosts
 
-        self._cuda, self._index = torch.cuda, index
-        self.read()  # fails here, not in the thread, where NVML (nvidia-ml-py) is missing
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = gpu.nvml_handle(pynvml, index)
 
     def read(self) -> dict:
-        cuda, i = self._cuda, self._index
-        return {"gpu_util_percent": float(cuda.utilization(i)),
-                "gpu_memory_used_bytes": int(cuda.device_memory_used(i)),
-                "gpu_power_w": cuda.power_draw(i) / 1000.0}
+        return gpu.readings(self._nvml, self._handle)
 
 
 def probe_for(device) -> CpuProbe | GpuProbe:
     """GPU probe for a CUDA device (falls back to CPU when NVML is missing), else CPU."""
     if getattr(device, "type", "cpu") == "cuda":
         try:
-            return GpuProbe(device.index or 0)  # the CUDA index: GpuProbe maps it to NVML's
+            return GpuProbe(device.index or 0)
         except Exception as e:  # noqa: BLE001 - a missing NVML must not stop training
             print(f"utilisation sampler: NVML unavailable ({e}); sampling the CPU process instead", flush=True)
     return CpuProbe()

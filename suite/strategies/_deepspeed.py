@@ -231,6 +231,7 @@ class DeepSpeedEngine(Engine):
         # DeepSpeed's bf16/fp16 modes keep the module in half precision: inputs must match.
         self._input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision)
         self._grad_norm = None  # the norm the suite clipped by (suite_clips), per step
+        self.skipped_steps = 0  # fp16: steps DeepSpeed's loss scaler skipped (skipped_step)
         if setup.grad_clip_norm and suite_clips(zero_stage, setup.precision):
 
             # Runs after DeepSpeed has reduced the gradients, just before the optimizer steps.
@@ -245,6 +246,18 @@ class DeepSpeedEngine(Engine):
         """The process group over which this rank's part of the model adds up to the whole
         model (pipeline stages); None where each rank holds the whole model."""
         return None
+
+    def skipped_step(self):
+        """fp16: whether DeepSpeed's loss scaler skipped the step just taken (an inf/NaN gradient),
+        counted for the summary; None in other precisions (no scaler)."""
+        if self.setup.precision != "fp16":
+            return None
+        skipped = not self.ds.was_step_applied()
+        self.skipped_steps += skipped
+        return skipped
+
+    def scaling_record(self) -> dict:
+        return {"skipped_steps": self.skipped_steps} if self.setup.precision == "fp16" else {}
 
     def cast(self, x):
         return x.to(self._input_dtype) if self._input_dtype and x.is_floating_point() else x

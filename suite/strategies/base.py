@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis, ModelInfo, Layout
-from suite.strategies import clip, neutral
+from suite.strategies import clip, neutral, scaling
 from suite.strategies.clock import StepClock
 from suite.strategies.costs import Overlap, StepSizes
 from suite.strategies.engine import Engine, StepResult, StepSums, full_state
@@ -39,6 +39,9 @@ class StrategyOptions(BaseModel):
     # Why the strategy cannot train in float64 (training.precision=fp64), or "" where it can:
     # the recipe check refuses fp64 with this reason, and suite.verify falls back to float32.
     no_fp64: ClassVar[str] = ""
+    # Why the strategy's fp16 needs a GPU, or "" where it runs on CPU too: torch's autocast and
+    # GradScaler run fp16 on CPU (suite.strategies.scaling), DeepSpeed's fp16 optimizer does not.
+    fp16_needs_gpu: ClassVar[str] = ""
     # Why the strategy's losses are not meant to equal single's (asynchronous updates), or ""
     # where they are: suite.verify refuses to certify such a strategy with this reason.
     no_parity: ClassVar[str] = ""
@@ -148,6 +151,8 @@ class ModuleEngine(Engine):
         self.optimizer = setup.make_optimizer(module.parameters())
         self.dp_rank, self.dp_size = setup.layout.dp_rank(setup.ctx.rank), setup.layout.dp_size
         self._gradient_bytes = 0
+        # training.precision=fp16: the loss scaled before backward, the step skipped on an inf (suite.strategies.scaling)
+        self.scaling = scaling.LossScaling(setup.precision, setup.ctx.device, sharded=self.sharded_scaler)
         # compute and collective time per step (suite.strategies.clock): data-parallel engines whose
         # reduction is reduce_gradients or DDP's backward, on CPU (host time splits no CUDA step)
         self.clock = StepClock(module.parameters()) if self.splits_step_time and setup.ctx.device.type == "cpu" else None
@@ -156,6 +161,9 @@ class ModuleEngine(Engine):
     # set by an engine whose gradients are reduced in reduce_gradients or in DDP's backward, and
     # whose rank does nothing collective in forward.
     splits_step_time: ClassVar[bool] = False
+    # Whether fp16's found-inf flag must be all-reduced by the scaler itself: gradients sharded
+    # as plain tensors (FSDP1's flat shards); DTensor shards reduce it in torch's dispatch.
+    sharded_scaler: ClassVar[bool] = False
 
     def sync_context(self, last: bool):
         return nullcontext()
@@ -180,10 +188,10 @@ class ModuleEngine(Engine):
                 loss, right = self.forward_loss(x, y)
                 if self.setup.uneven_batches:  # training.balance: this pass's share of the global batch
                     weight = self.pass_weight(len(x))
-                    (loss * weight).backward()
+                    self.scaling.scale(loss * weight).backward()
                     sums.add(loss * (len(x) / len(inputs)), right, 1)
                 else:
-                    (loss / passes).backward()
+                    self.scaling.scale(loss / passes).backward()
                     sums.add(loss, right, passes)
         return sums
 
@@ -204,9 +212,11 @@ class ModuleEngine(Engine):
         reduced = time.perf_counter()
         self.note_gradient_bytes()
         grad_norm = self.clip_gradients()
-        self.optimizer.step()
+        stepped = self.scaling.step(self.optimizer)
         self.zero_grad()
         result = sums.result(len(inputs), grad_norm)
+        if self.scaling.enabled:
+            result.skipped, result.loss_scale = not stepped, self.scaling.loss_scale()
         if self.clock is not None:
             result.compute_s, result.collective_s = self.clock.split(started, reduced, time.perf_counter())
         return result
@@ -234,6 +244,8 @@ class ModuleEngine(Engine):
         clipping, or None (and costs nothing) when the recipe does not clip."""
         if self.setup.grad_clip_norm is None:
             return None
+        if self.scaling.enabled:  # fp16: the clip sees the true gradients
+            self.scaling.unscale_(self.optimizer)
         return self.clip_grad_norm_(self.setup.grad_clip_norm).detach()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -272,6 +284,17 @@ class ModuleEngine(Engine):
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def scaling_record(self) -> dict:
+        if not self.scaling.enabled:
+            return {}
+        return {"skipped_steps": self.scaling.skipped_steps, "loss_scale": self.scaling.loss_scale()}
+
+    def scaling_state(self) -> dict:
+        return self.scaling.state_dict()
+
+    def load_scaling_state(self, state: dict) -> None:
+        self.scaling.load_state_dict(state)
 
     def neutral_state(self) -> dict:
         return neutral.module_state(self.module, self.optimizer)

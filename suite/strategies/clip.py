@@ -17,9 +17,8 @@ ranks, so ``total`` must be the norm of the WHOLE model's gradients on every ran
 Strategies with a library's own global clip (fsdp1, fairscale OSS, DeepSpeed) use that instead
 (``ModuleEngine.clip_grad_norm_`` and ``suite.strategies._deepspeed``).
 
-No ``GradScaler`` is used anywhere in the suite (bf16 needs none; fp16 autocast in the torch
-strategies runs without loss scaling, GPU only), so gradients are unscaled when they are clipped
-here; DeepSpeed's fp16 loss scaler unscales before DeepSpeed clips.
+Under fp16, ``ModuleEngine.clip_gradients`` unscales the gradients (``suite.strategies.scaling``)
+before they are clipped here; DeepSpeed's fp16 loss scaler unscales before DeepSpeed clips.
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from suite.strategies.base import StrategyOptions
 class Options(StrategyOptions):
     name: Literal["ds_pipeline"] = "ds_pipeline"
     warm_imports: ClassVar = ("deepspeed",)
+    fp16_needs_gpu: ClassVar = "DeepSpeed's fp16 optimizer runs on GPUs only"
     no_fp64: ClassVar = "DeepSpeed's engine reduces only fp16, bf16 and fp32 gradients"
     stages: PositiveInt = 2
     micro_batches: PositiveInt = 4  # per rank and optimizer step: DeepSpeed's gradient_accumulation_steps
@@ -128,9 +129,9 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
         self._correct = torch.zeros((), device=inputs.device)
         self.ds.train_batch(self._batches(inputs, targets, self.micro_batches))
         if not self.last_stage:
-            return StepResult(loss=None, samples=0, grad_norm=self.grad_norm())
+            return StepResult(loss=None, samples=0, grad_norm=self.grad_norm(), skipped=self.skipped_step())
         return StepResult(loss=ds_compat.replica_loss(self.ds).double(), samples=len(inputs), correct=self._correct,
-                          grad_norm=self.grad_norm())
+                          grad_norm=self.grad_norm(), skipped=self.skipped_step())
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):

@@ -31,6 +31,10 @@ class StepResult:
     # collectives (waiting for slower peers, then the transfer)
     compute_s: Optional[float] = None
     collective_s: Optional[float] = None
+    # fp16 loss scaling (suite.strategies.scaling; DeepSpeed's own): whether an inf/NaN gradient
+    # skipped the optimizer step, and the scale after it (where known); None where nothing scales
+    skipped: Optional[bool] = None
+    loss_scale: Optional[float] = None
 
 
 @dataclass
@@ -178,6 +182,19 @@ class Engine:
 
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
+
+    def scaling_record(self) -> dict:
+        """This rank's summary fields of fp16's loss scaling: ``skipped_steps`` (and ``loss_scale``
+        where the engine knows it); {} where nothing scales."""
+        return {}
+
+    def scaling_state(self) -> dict:
+        """fp16's loss scale and the steps it skipped (``suite.strategies.scaling``), kept in each
+        rank's checkpoint file whatever its format; {} where the engine does not scale."""
+        return {}
+
+    def load_scaling_state(self, state: dict) -> None:
+        """Restore ``scaling_state``'s ({} from a checkpoint without one: the scale starts over)."""
 
     def neutral_state(self) -> dict:
         """This rank's part of the run's strategy-neutral state (``suite.strategies.neutral``):

@@ -53,6 +53,7 @@ class Options(costs.ShardedUnits, StrategyOptions):
 
 
 class FSDP1Engine(ModuleEngine):
+    sharded_scaler: ClassVar = True  # fp16: flat shards are plain tensors, the scaler reduces found-inf
     def sync_context(self, last: bool):
         # Accumulated micro-batches keep unsharded gradients; reduce-scatter on the last one.
         return nullcontext() if last else self.module.no_sync()

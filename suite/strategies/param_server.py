@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from suite.common.errors import SuiteError
-from suite.strategies import costs
+from suite.strategies import costs, scaling
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.engine import NoFullModelState
 from torch.distributed import rpc
@@ -43,6 +43,7 @@ class Options(StrategyOptions):
     name: Literal["param_server"] = "param_server"
     staleness: int = 1  # a worker pulls at least every N of its steps; the server's bound is N x world
     warm_imports: ClassVar = ("torch.distributed.rpc",)
+    refuses: ClassVar = (scaling.refused("its workers push unscaled gradients to a server that skips no step"),)
     no_parity: ClassVar = "param_server's workers push gradients computed on stale weights, asynchronously"
     overlap: ClassVar = costs.NOTHING_HIDDEN
     # Tried; outside a launched job its RPC start fails (no MASTER_ADDR), and the plan falls back
@@ -134,6 +135,7 @@ class ParamServerEngine(ModuleEngine):
 
     def __init__(self, setup, module, staleness: int, server: Server | None, rpc_started: bool):
         self.setup, self.module = setup, module
+        self.scaling = scaling.LossScaling(setup.precision, setup.ctx.device)  # disabled: fp16 is refused
         self.dp_rank, self.dp_size = setup.layout.dp_rank(setup.ctx.rank), setup.layout.dp_size
         self.server, self.staleness, self.rpc_started = server, staleness, rpc_started
         self.lr_group = {"lr": None}  # the loop's lr for this step; it travels with the push

@@ -27,7 +27,7 @@ from suite.record import metrics
 from suite.strategies.engine import StepResult
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Axis
-from suite.strategies import clip, costs
+from suite.strategies import clip, costs, scaling
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.engine import full_state
 from suite.strategies.splitting import check_recipe_split, cut, resolve_split
@@ -37,6 +37,8 @@ class Options(StrategyOptions):
     name: Literal["pipeline"] = "pipeline"
     warm_imports: ClassVar = ("torch.distributed.pipelining",)
     reusable_process: ClassVar = True
+    refuses: ClassVar = (scaling.refused("torch.distributed.pipelining's schedules run backward inside "
+                                         "their step, on an unscaled loss"),)
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
     stages: Optional[PositiveInt] = None  # pipeline degree; default: world size / dp
     dp: Optional[PositiveInt] = None  # data-parallel degree; default: 1, or world size / stages

@@ -22,7 +22,7 @@ from pydantic import PositiveInt
 from suite.common.errors import SuiteError
 from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
-from suite.strategies import costs, fsdp
+from suite.strategies import costs, fsdp, scaling
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.models.transformer import Block
 
@@ -88,6 +88,8 @@ class Options(StrategyOptions):
     name: Literal["tensor"] = "tensor"
     warm_imports: ClassVar = (torch_compat.DYNAMO,)
     reusable_process: ClassVar = True
+    refuses: ClassVar = (scaling.refused("torch's GradScaler cannot unscale its plain gradients (the replicated "
+                                         "classifier) and its DTensor slices in one call"),)
     dp: PositiveInt = 1  # data-parallel degree (FSDP2 over the dp mesh dimension)
     tp: Optional[PositiveInt] = None  # tensor-parallel degree; default: world size / dp
     overlap: ClassVar = costs.Overlap(why="the all-reduces sit inside each layer's forward and backward: nothing hidden",

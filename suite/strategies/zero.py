@@ -34,6 +34,7 @@ OVERLAP = {
 class Options(StrategyOptions):
     name: Literal["zero"] = "zero"
     warm_imports: ClassVar = ("deepspeed",)
+    fp16_needs_gpu: ClassVar = "DeepSpeed's fp16 optimizer runs on GPUs only"
     no_fp64: ClassVar = ("DeepSpeed's ZeRO optimizer keeps float32 master copies of the parameters and reduces "
                          "gradients in float32 at most (its communication_data_type)")
     stage: Literal[0, 1, 2, 3] = 2
@@ -209,7 +210,9 @@ class ZeroEngine(_deepspeed.DeepSpeedEngine):
                 self._gradient_bytes = _deepspeed.gradient_bytes(self.ds, self._params)
             self.ds.step()  # steps the optimizer only at the accumulation boundary
             sums.add(loss, self.setup.task.correct(out, y), passes)
-        return sums.result(len(inputs), self.grad_norm())
+        result = sums.result(len(inputs), self.grad_norm())
+        result.skipped = self.skipped_step()
+        return result
 
     @torch.no_grad()
     def eval_step(self, inputs, targets):

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from suite.common.errors import RunFailed, SuiteError
+from suite.compat import untested_line
 from suite.record import console, run_record
 from suite.submit import resume
 from suite.submit.restart import Restarts
@@ -42,6 +43,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if note := untested_line():  # a library outside the tested set: said once, never replaced
+        print(note, file=sys.stderr)
     try:
         return _main(args)
     except SuiteError as e:

@@ -17,7 +17,7 @@ from suite.common.errors import RunCancelled, RunFailed
 from suite.common.processes import alive
 from suite.record import run_record
 from suite.record.status import squeue
-from suite.submit import task_ends
+from suite.submit import restart, task_ends
 from suite.submit.progress import Progress
 
 # Slurm states after which the job will not run again (PREEMPTED/REQUEUED come back as PENDING).
@@ -68,10 +68,13 @@ class Watch:
         self.never_starts: str | None = None  # Slurm's reason, for a job that cannot start
         self._since = time.time()  # rank process records older than this are an earlier attempt's
         self.failure: Failure | None = None  # set by outcome() when the run did not complete
-        # launch.elastic: a job Slurm requeued after a node failed is given up after this long
-        # pending (the restart then continues without the node); None: wait for Slurm to rerun it.
+        # launch.elastic: a job Slurm requeued after a node failed, or one that never ran and cannot
+        # start on the nodes usable, is given up after this long pending (the restart then
+        # continues without the node); None: wait for Slurm to run it.
         self.requeue_wait_s, self._requeued_at, self._nodes, self.lost = requeue_wait_s, None, "", None
         self._ran = False  # seen RUNNING (on Slurm): pending after that means requeued
+        self._pending_since: float | None = None  # first seen pending, before it ever ran
+        self._placed_at = 0.0  # when _cannot_be_placed last asked Slurm
         self.local = isinstance(job, submitit.LocalJob) or getattr(job, "local", False)  # or mpirun's (submit/mpi.py)
 
     def poll(self) -> bool:
@@ -87,7 +90,8 @@ class Watch:
         self._update_state()
         if self.state and self.state.split()[0] in ("RUNNING", "COMPLETED", "FINISHED"):
             self._report_started_ranks()
-        if self.state and self.state.split()[0] == "PENDING" and (self._cannot_start() or self._node_lost()):
+        if self.state and self.state.split()[0] == "PENDING" and (
+                self._cannot_start() or self._node_lost() or self._cannot_be_placed()):
             return True
         if self._failed_at is None:
             # The ranks gone without a word when the failure is first seen; one that recorded its
@@ -170,6 +174,8 @@ class Watch:
     def _cannot_start(self) -> bool:
         """A pending Slurm job whose reason says it can never run as asked: cancel it, say why."""
         reason = squeue(self.job.job_id, "%r")  # why it pends
+        if reason and self.requeue_wait_s is not None and reason.startswith(restart.NODES_UNAVAILABLE):
+            return False  # launch.elastic: its nodes may come back within the wait (_cannot_be_placed)
         if reason and any(reason.startswith(r) for r in _NEVER_STARTS):
             self.never_starts = reason
             self.job.cancel(check=False)
@@ -184,10 +190,33 @@ class Watch:
         waited = time.time() - self._requeued_at
         if waited < self.requeue_wait_s:
             return False
+        return self._give_up(f"Slurm requeued the job after its node(s) {self._nodes or '?'} failed, and it did "
+                             f"not start again within launch.elastic_wait_s={self.requeue_wait_s:g} s", waited)
+
+    def _cannot_be_placed(self) -> bool:
+        """launch.elastic: a job that never ran, pending for ``requeue_wait_s`` on nodes that are
+        not usable (a restart asked for a node Slurm marked down or drained meanwhile): cancelled,
+        and the run fails restartable with the reason, so the next restart fits the nodes left
+        (or the run ends saying why) instead of pending until the node returns."""
+        if self._ran or self.requeue_wait_s is None:
+            return False
+        now = time.time()
+        self._pending_since = self._pending_since or now
+        waited = now - self._pending_since
+        if waited < self.requeue_wait_s or now - self._placed_at < self.state_every_s:
+            return False
+        self._placed_at = now  # sinfo and squeue once per state_every_s at most, not every poll
+        why = restart.unplaceable(self.job.job_id)
+        if why is None:
+            return False
+        return self._give_up(f"the job cannot start on the nodes left: {why}; it pended {waited:.0f} s "
+                             f"(launch.elastic_wait_s={self.requeue_wait_s:g})", waited)
+
+    def _give_up(self, why: str, waited: float) -> bool:
+        """Cancel the pending job: the run fails restartable with ``why`` (``outcome``)."""
         self.job.cancel(check=False)
         self.cancelled_by_us = True
-        self.lost = (f"Slurm requeued the job after its node(s) {self._nodes or '?'} failed, and it did not start "
-                     f"again within launch.elastic_wait_s={self.requeue_wait_s:g} s", waited)
+        self.lost = (why, waited)
         return True
 
     def _dead_ranks(self) -> list[int]:

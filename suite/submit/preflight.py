@@ -23,6 +23,10 @@ _GIB = 2**30
 def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list[dict]:
     """Check every recipe of a submission; returns each one's predicted bytes (``suite.planner.memory``).
     ``force``: launch even when the predicted bytes exceed the node's memory."""
+    if points[0].launch.executor == "torchrun":
+        raise SuiteError("launch.executor=torchrun is what `torchrun -m suite.train` records, not one suite.submit "
+                         "starts; run torchrun --nnodes N --nproc-per-node G -m suite.train RECIPE, or use "
+                         "launch.executor=local or slurm")
     if not dry_run:
         check_out(Path(out))
     node = _Node.of(points[0].launch)
@@ -116,8 +120,9 @@ def check_device(recipe) -> None:
         fix = "set launch.gpus_per_node" if launch.executor == "slurm" else "use launch.device=auto or cpu"
         raise SuiteError(f"launch.device=cuda, but {where}; {fix}")
     on_cpu = launch.device == "cpu" or not gpu
-    if precision == "fp16" and on_cpu:
-        raise SuiteError(f"training.precision=fp16 needs a GPU, but the ranks will run on CPU "
+    if precision == "fp16" and on_cpu and recipe.strategy.fp16_needs_gpu:
+        raise SuiteError(f"training.precision=fp16 with strategy {recipe.strategy.name} needs a GPU "
+                         f"({recipe.strategy.fp16_needs_gpu}), but the ranks will run on CPU "
                          f"(launch.device={launch.device}, {where}); use training.precision=bf16 or fp32")
 
 

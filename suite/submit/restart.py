@@ -13,7 +13,10 @@ usable nodes; otherwise the line says why the node is kept.
 
 With ``launch.elastic``, a run that no longer fits (its lost node not back within
 ``launch.elastic_wait_s``) continues on the nodes left, the same global batch through gradient
-accumulation (``suite.submit.elastic``), from its strategy-neutral checkpoint.
+accumulation (``suite.submit.elastic``), from its strategy-neutral checkpoint. A restart's job that cannot
+start on the nodes usable (``unplaceable``: asked for a node Slurm marked down or drained only
+after the restart was decided) is given up after ``elastic_wait_s`` by its follower and restarted
+the same way, so no restart pends for a node that does not return.
 
 Each restart is an attempt in the run record with its cause (``run_record.announce_restart``)
 and one line here: ``restart 1/3 from checkpoint step 30: rank 1 killed by SIGKILL after step 37``.
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from suite.common.errors import RunCancelled, SuiteError
 from suite.record import run_record
+from suite.record.status import squeue
 from suite.submit import elastic
 
 # sinfo's short node states (%t) in which a node takes no new job; a trailing "*" (not
@@ -160,6 +164,28 @@ class Restarts:
             restart.note = f"cannot continue on fewer nodes: {e}"
             return False
         return True
+
+
+# The reasons Slurm gives a pending job whose nodes are down or drained (squeue's %r: the
+# reason, or the description it sets in its place).
+NODES_UNAVAILABLE = ("ReqNodeNotAvail", "Nodes required for job are DOWN, DRAINED", "NodeDown")
+
+
+def unplaceable(job_id: str) -> str | None:
+    """Why a pending job cannot start on the nodes usable now, or None where it may: Slurm says its
+    nodes are down or drained, or its partition has fewer usable nodes than it asks (whatever
+    reason Slurm gives meanwhile: a restart submitted in the moment before Slurm marked a lost
+    node pends with "Resources" until it does)."""
+    listed = squeue(job_id, "%D|%P|%r")
+    if not listed or listed.count("|") < 2:
+        return None
+    asked, partition, reason = listed.split("|", 2)
+    if reason.startswith(NODES_UNAVAILABLE):
+        return f"Slurm gives the reason {reason}"
+    usable = usable_nodes(partition or None)
+    if usable is not None and asked.isdigit() and len(usable) < int(asked):
+        return f"it asks {asked} node(s) and {len(usable)} usable are left{_in(partition or None)} (Slurm: {reason})"
+    return None
 
 
 def _failed_nodes(failure, job_id: str) -> list[str]:

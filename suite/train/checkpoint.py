@@ -52,7 +52,8 @@ MODEL = "model"  # the DCP folder of a neutral checkpoint, inside step-<N>/
 
 def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False) -> None:
     """Save a checkpoint at ``loop_state["step"]`` (collective). ``background``: a neutral
-    checkpoint's model state is copied aside now (each rank's tensors or shards cloned) and written
+    checkpoint's model state is copied aside now (``stage``: each rank's tensors or shards, on
+    CUDA into pinned host memory) and written
     by a thread beside training (DCP's ``save`` over a gloo group of its own: its collectives must
     not interleave with training's); ``latest.json`` switches once it is complete.
     At most one is in flight: a save (and ``finish``) first waits for the one before. The loop
@@ -63,11 +64,11 @@ def save(run_dir: Path, ctx, engine, loop_state: dict, background: bool = False)
     step = loop_state["step"]
     target = folder(run_dir) / f"step-{step}"
     target.mkdir(parents=True, exist_ok=True)
-    state = {"loop": dict(loop_state), "rng": _rng_state()}
+    state = {"loop": dict(loop_state), "rng": _rng_state(), "loss_scaling": engine.scaling_state()}
     staged = None
     try:
         if background:  # copies now (training changes the originals); every file is the thread's
-            staged = _copy(engine.neutral_state())
+            staged = stage(engine.neutral_state(), ctx.device)
         else:
             if neutral:  # collective: every rank writes its part
                 _write_model(engine.neutral_state(), target / MODEL, ctx.rank, run=str(run_dir))
@@ -147,6 +148,34 @@ def _write_model(state: dict, where: Path, rank: int, group=None, run: str | Non
     rank_files.write(where, rank, mine)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.barrier(group=group)  # every rank's file is in place
+
+
+def stage(state: dict, device: torch.device) -> dict:
+    """A copy of ``state`` for a background save, taken now. On CUDA in host memory, through DCP's
+    stager (pinned buffers, kept and reused by the next save, filled by non-blocking copies and one
+    synchronize; a DTensor keeps its sharding): a clone in GPU memory would hold a second model
+    there until the write ends. On CPU a clone."""
+    if device.type == "cuda":
+        return _stager().stage(state)
+    return _copy(state)
+
+
+_cuda_stager = None  # DCP's stager, one per process: its pinned buffers serve every save
+
+
+def _stager():
+    global _cuda_stager
+    if _cuda_stager is None:
+        from torch.distributed.checkpoint import staging  # start-up: CUDA saves only
+
+        if hasattr(staging, "DefaultStager"):
+            # synchronous: the copy must be whole before training changes the originals; no shared
+            # memory: the writer is a thread of this process
+            _cuda_stager = staging.DefaultStager(staging.StagingOptions(
+                use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True))
+        else:  # torch releases before DefaultStager (pyproject allows them): pinned, cached, blocking copies
+            _cuda_stager = staging.BlockingAsyncStager(cache_staged_state_dict=True)
+    return _cuda_stager
 
 
 def _copy(state):
@@ -305,6 +334,7 @@ def load(run_dir: Path, ctx, engine) -> dict | None:
                 dcp.load(template, checkpoint_id=str(where / MODEL))
         engine.load_neutral_state(template)
     _set_rng_state(state["rng"])
+    engine.load_scaling_state(state.get("loss_scaling") or {})  # fp16's scale goes on where it was
     return state["loop"]
 
 
@@ -354,7 +384,7 @@ def _rng_state() -> dict:
 
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # this rank's device (current): a resume may see other GPUs
     return state
 
 
@@ -363,5 +393,5 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])  # onto this rank's device, whichever number it has now

@@ -123,14 +123,17 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
         if world > 1 or interface is not None:
             choose_network(interface)
         timeout = timedelta(seconds=collective_timeout_s)
+        # CUDA: the group bound to this rank's GPU, as torchtitan makes it: NCCL's communicator
+        # is created now (eagerly), on the right device, not at the first collective
+        bound = {"device_id": devices[0]} if backend == "nccl" else {}
         announce = os.environ.get("SCALESUITE_RENDEZVOUS")
         if announce and world > 1:  # suite.submit's ranks: ports outside the ephemeral range, bounded waits
             store = _rendezvous(Path(announce), rank, world, collective_timeout_s)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **bound)
             if rank == 0:  # every rank has read it by now: the group formed through the store
                 Path(announce).unlink(missing_ok=True)
         else:  # torchrun, mpirun and the like gave MASTER_ADDR/PORT themselves
-            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **bound)
     return DistContext(rank, world, local_rank, local_world, devices[0], backend, devices)
 
 
@@ -146,6 +149,15 @@ def _rendezvous(announce: Path, rank: int, world: int, collective_timeout_s: int
         store.set_timeout(timedelta(seconds=collective_timeout_s))
     os.environ["MASTER_PORT"] = str(port)  # for anything that reads it later
     return store
+
+
+def nccl_settings(backend: str) -> dict:
+    """What NCCL ran with on this rank: its version and every NCCL_* variable set (interfaces,
+    protocols, algorithms, debug), for the run record; {} off NCCL."""
+    if backend != "nccl":
+        return {}
+    return {"version": ".".join(map(str, torch.cuda.nccl.version())),
+            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
 
 
 def close() -> None:

@@ -158,7 +158,7 @@ class StepLoop:
         for step, epoch, r, step_time_s in self._pending:
             loss = r.loss.item() if r.loss is not None and r.samples else None
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=None, loss=loss,
-                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r),
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r), **_scaling(r),
                          **_split(r))
         self._pending = []
 
@@ -225,7 +225,7 @@ class StepLoop:
             self.samples += self.tr.batch_size
             self.log.log("step", attempt=self.attempt, step=step, epoch=epoch, global_loss=global_loss,
                          loss=(mine[0] / mine[1]) if mine[1] else None,
-                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r),
+                         samples=r.samples, step_time_s=step_time_s, lr=self._lr(step), **_grad_norm(r), **_scaling(r),
                          **_split(r))
         self._pending = []
         if self.ctx.is_main:
@@ -274,6 +274,13 @@ def _split(result) -> dict:
     if result.compute_s is None:
         return {}
     return {"compute_s": result.compute_s, "collective_s": result.collective_s}
+
+
+def _scaling(result) -> dict:
+    """fp16's loss scale after the step and whether an inf/NaN gradient skipped it, where the
+    engine scales (suite.strategies.scaling; else nothing)."""
+    out = {} if result.skipped is None else {"skipped": result.skipped}
+    return out if result.loss_scale is None else {**out, "loss_scale": result.loss_scale}
 
 
 def _grad_norm(result) -> dict:

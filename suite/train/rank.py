@@ -20,7 +20,7 @@ from suite.common import cpu_cap, network
 from suite.common.errors import SuiteError
 from suite.models import build as build_model
 from suite.models.task import Task
-from suite.record import console, metrics, run_record
+from suite.record import console, gpu, metrics, run_record
 from suite.record.allocated import AllocatedPeak
 from suite.train.tracking import RankLog
 from suite.strategies import prepare
@@ -267,10 +267,14 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
     mine = {"rank": ctx.rank, "peak_memory_bytes": peak,
             "peak_memory_above_start_bytes": None if memory_start is None else max(peak - memory_start, 0),
             "peak_allocated_bytes": peak_allocated,
+            "peak_reserved_bytes": gpu.peak_reserved_bytes(ctx.device),  # CUDA: allocated plus the allocator's cache
             "held_bytes": engine.held_bytes(), "step_time_s": metrics.median(loop.step_times_s),
             "device": str(ctx.device), "strategy_metrics": engine.extra_metrics(),
             "cpu_quota": cpu_cap.quota_of_process(),  # CPUs it may use at most: launch.rank_cpu, a capped node
             "node": network.node_name()}  # Slurm's node name where it runs there
+    mine.update(engine.scaling_record())  # fp16: steps an inf/NaN gradient skipped, the scale at the end
+    if ctx.backend == "nccl":  # NCCL's version and NCCL_* settings, per rank: nodes may differ
+        mine["nccl"] = sdist.nccl_settings(ctx.backend)
     if sdist.chosen_network is not None:  # the interface and address it talked on
         mine["network"] = sdist.chosen_network
     own_loop = not isinstance(loop, StepLoop)  # a strategy's own loop (TensorFlow's) measures neither

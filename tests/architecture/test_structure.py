@@ -44,5 +44,5 @@ def test_ci_runs_exactly_the_readmes_test_command():
     from pathlib import Path
 
     readme = Path("README.md").read_text()
-    command = next(line for line in readme.splitlines() if line.startswith('pip install -e ".[test]"'))
+    command = next(line for line in readme.splitlines() if line.startswith('pip install -c constraints.txt -e ".[test]"'))
     assert command in Path(".ci/run").read_text().splitlines()

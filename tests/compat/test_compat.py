@@ -5,6 +5,7 @@ covered by tests/strategies/test_zero.py; the pipeline accessors by tests/strate
 tests/strategies/test_ds_pipeline.py; the CIFAR override by tests/data/test_data.py."""
 import inspect
 import re
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,13 +45,52 @@ def bare(module: str, name: str):
 
 # ---- versions -------------------------------------------------------------------------------
 
-def test_the_checked_versions_are_the_installed_ones_and_the_pins():
-    pyproject = (REPO / "pyproject.toml").read_text()
+def _constraints() -> dict[str, str]:
+    lines = (REPO / "constraints.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line.strip() and not line.startswith("#"))
+
+
+def test_the_tested_versions_are_the_installed_ones_the_constraints_and_within_the_ranges():
+    from packaging.requirements import Requirement
+
+    from suite.compat import TESTED
+
+    pinned = _constraints()
+    ranges = {Requirement(r).name: Requirement(r).specifier for r in tomllib.loads(
+        (REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
     docs = (REPO / "docs/compat.md").read_text()
-    for lib, version in CHECKED.items():
+    for lib, version in TESTED.items():
         assert installed_version(lib).split("+")[0] == version, lib
-        assert f'"{lib}=={version}"' in pyproject, lib
+        assert pinned[lib] == version, lib
+        assert version in ranges[lib] and not str(ranges[lib]).startswith("=="), (lib, ranges[lib])
+    for lib, version in CHECKED.items():
         assert f"{lib} {version}" in docs, lib
+
+
+def test_a_library_outside_the_tested_set_is_one_line_naming_it_and_what_is_untested(monkeypatch):
+    import suite.compat as compat
+
+    assert compat.untested_line() == ""  # this machine runs the tested set
+    monkeypatch.setattr(compat, "installed_version", lambda lib: "2.9.0+cu121" if lib == "torch" else compat.TESTED[lib])
+    line = compat.untested_line()
+    assert "\n" not in line and line.startswith("note: outside the tested set")
+    assert "torch 2.9.0+cu121 (tested 2.14.1; untested: suite/compat/torch.py's internal reads" in line
+    assert "deepspeed" not in line
+
+
+def test_the_submitting_side_says_it_at_start_up_without_importing_torch(monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    import suite.compat as compat
+    from suite.submit import cli
+
+    code = "import sys, suite.compat; suite.compat.untested_line(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    monkeypatch.setattr(compat, "installed_version", lambda lib: "0.20.0" if lib == "deepspeed" else compat.TESTED[lib])
+    cli.main([str(REPO / "recipes/quickstart.yaml"), "--dry-run"])
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "outside the tested set" in line] == [err[0]] and "deepspeed 0.20.0" in err[0]
 
 
 def test_every_accessor_is_documented():
@@ -68,7 +108,7 @@ def test_a_missing_attribute_names_the_library_its_version_and_what_was_expected
     with loud("deepspeed", "SimpleNamespace.single_partition_of_fp32_groups"):
         require_attr(stand_in, "single_partition_of_fp32_groups", lib="deepspeed")
     err = pytest.raises(CompatError, require_attr, stand_in, "x", lib="torch").value
-    assert "\n" not in str(err) and "pyproject.toml" in str(err) and "docs/compat.md" in str(err)
+    assert "\n" not in str(err) and "constraints.txt" in str(err) and "docs/compat.md" in str(err)
 
 
 @pytest.mark.parametrize("accessor, module, name, stage, missing", [

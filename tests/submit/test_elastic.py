@@ -78,6 +78,33 @@ def _slurm_state() -> str:
     return "\n".join(out)
 
 
+def _submit(path: Path, out: Path) -> subprocess.Popen:
+    """suite.submit of the recipe at ``path``, its first attempt pausing at PAUSE_AT."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # as users run it: W&B offline
+    env["SCALESUITE_FAIL_AT"] = f"0:{PAUSE_AT}:pause@1"
+    return subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _paused(out: Path, prefix: str, proc, deadline: float) -> Path | None:
+    """The run folder once its checkpoint before the pause is saved (None: never by ``deadline``)."""
+    while time.time() < deadline and proc.poll() is None:
+        runs = [p for p in out.glob(f"{prefix}-*") if (p / "checkpoint" / "latest.json").exists()]
+        if runs and json.loads((runs[0] / "checkpoint" / "latest.json").read_text())["step"] >= PAUSE_AT - 1:
+            return runs[0]
+        time.sleep(0.5)
+    return None
+
+
+def _finish(proc, until: float) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=max(10.0, until - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"suite.submit still running; its output:\n{stdout[-3000:]}{stderr[-3000:]}\n{_slurm_state()}")
+
+
 def _losses(run_dir):
     latest = {}
     for rec in run_record.read_metrics(run_dir, kind="step", rank=0):  # a later attempt's line wins
@@ -98,33 +125,20 @@ def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baselin
                      "elastic": elastic, "elastic_wait_s": 3}
     path = tmp_path / "elastic.yaml"
     path.write_text(yaml.safe_dump(raw))
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # as users run it: W&B offline
-    env["SCALESUITE_FAIL_AT"] = f"0:{PAUSE_AT}:pause@1"
     out = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "suite.submit", str(path), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = _submit(path, out)
     lost, started = None, time.time()
     try:
         deadline = started + 180
-        while time.time() < deadline and proc.poll() is None:
-            runs = [p for p in out.glob("elastic-*") if (p / "checkpoint" / "latest.json").exists()]
-            if runs and json.loads((runs[0] / "checkpoint" / "latest.json").read_text())["step"] >= PAUSE_AT - 1:
-                lost = "n2"  # rank 1's: the run asks for both nodes
-                _take_node_away(lost, run_record.read_job(runs[0])["job_id"])
-                break
-            time.sleep(0.5)
-        assert lost, "the run never reached its pause with a checkpoint"
-        while not elastic and time.time() < deadline and len(run_record.recorded_attempts(runs[0])) < 2:
+        paused = _paused(out, "elastic", proc, deadline)
+        assert paused, "the run never reached its pause with a checkpoint"
+        lost = "n2"  # rank 1's: the run asks for both nodes
+        _take_node_away(lost, run_record.read_job(paused)["job_id"])
+        while not elastic and time.time() < deadline and len(run_record.recorded_attempts(paused)) < 2:
             time.sleep(0.5)  # the restart is submitted, and waits for the node
         if not elastic:
             _bring_back(lost)
-        try:
-            stdout, stderr = proc.communicate(timeout=max(10.0, started + 270 - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-            pytest.fail(f"suite.submit still running after 270 s; its output:\n{stdout[-3000:]}{stderr[-3000:]}\n"
-                        f"{_slurm_state()}")
+        stdout, stderr = _finish(proc, started + 270)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -327,3 +341,131 @@ def test_an_elastic_run_with_too_few_usable_nodes_shrinks_even_when_no_node_is_n
     got = budget.next(unnamed, RunFailed("job 9 failed"))
     assert got.recipe.launch.nodes == 1 and got.recipe.training.grad_accumulation == 2
     assert got.note.startswith("1 usable node(s) left; continuing on 1 of 2 node(s)"), got.note
+
+
+class _PendingRestart(_RequeuedJob):
+    """A restart's job that never ran: pending from its submission, as Slurm holds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = ["PENDING"]
+
+
+def _fake_slurm(monkeypatch, reason: str, n2: str):
+    """squeue: the job asks 2 nodes of debug and pends with ``reason``; sinfo: n2 in state ``n2``."""
+    from suite.submit import follow, restart
+
+    monkeypatch.setattr(follow, "squeue", lambda job, field: reason if field == "%r" else "")
+    monkeypatch.setattr(restart, "squeue", lambda job, field: f"2|debug|{reason}" if field == "%D|%P|%r" else None)
+    monkeypatch.setattr(restart, "_run", lambda *cmd: "debug*\n" if cmd[:3] == ("sinfo", "-h", "-o") else
+                        f"n1 idle\nn2 {n2}\n" if cmd[0] == "sinfo" else None)
+
+
+def _elastic_recipe(max_restarts: int):
+    raw = yaml.safe_load(recipes.dump(make_recipe({"name": "ddp"}, **SECTIONS)))
+    raw["launch"] = {**raw["launch"], "executor": "slurm", "nodes": 2, "tasks_per_node": 1,
+                     "max_restarts": max_restarts, "elastic": True, "elastic_wait_s": 0}
+    return recipes.validate(raw)
+
+
+@pytest.mark.parametrize("reason, n2", [
+    ("Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions", "drain"),
+    ("ReqNodeNotAvail, UnavailableNodes:n2", "down*"),
+    ("Resources", "drng"),  # submitted before Slurm marked the node: its reason says nothing of it
+])
+def test_a_restart_that_cannot_start_on_the_nodes_left_shrinks_after_elastic_wait_s(reason, n2, tmp_path, monkeypatch):
+    """The restart asked for both nodes in the moment before Slurm marked n2 down or drained: it
+    pends, and after elastic_wait_s it is cancelled and the next restart continues on n1."""
+    from types import SimpleNamespace
+
+    from suite.common.errors import RunFailed
+    from suite.submit import follow, restart
+
+    _fake_slurm(monkeypatch, reason, n2)
+    job = _PendingRestart()
+    watch = follow.Watch(job, tmp_path, 1, printer=lambda *a, **k: None, state_every_s=0, requeue_wait_s=0.2)
+    assert not watch.poll() and not job.cancelled  # within the wait: the node may come back
+    time.sleep(0.3)
+    assert watch.poll() and job.cancelled
+    with pytest.raises(RunFailed, match="cannot start on the nodes left"):
+        watch.outcome()
+    assert watch.failure.restartable and watch.failure.waited_s >= 0.2
+    recipe = _elastic_recipe(max_restarts=2)
+    run_dir = run_record.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
+    budget = restart.Restarts(recipe, run_dir, printer=lambda *a, **k: None)
+    got = budget.next(SimpleNamespace(failure=watch.failure, job=job), RunFailed("x"))
+    assert got.recipe.launch.nodes == 1 and got.recipe.training.grad_accumulation == 2, got.note
+
+
+def test_a_restart_pending_for_busy_nodes_waits(tmp_path, monkeypatch):
+    """Both nodes usable, the job pends for resources others hold: not the lost-node case, it waits."""
+    from suite.submit import follow
+
+    _fake_slurm(monkeypatch, "Resources", "alloc")
+    job = _PendingRestart()
+    watch = follow.Watch(job, tmp_path, 1, printer=lambda *a, **k: None, state_every_s=0, requeue_wait_s=0.1)
+    time.sleep(0.2)
+    assert not watch.poll() and not watch.poll() and not job.cancelled
+
+
+def test_without_restarts_left_the_run_ends_with_the_reason(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from suite.common.errors import RunFailed
+    from suite.submit import follow, restart
+
+    reason = "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions"
+    _fake_slurm(monkeypatch, reason, "drain")
+    job = _PendingRestart()
+    watch = follow.Watch(job, tmp_path, 1, printer=lambda *a, **k: None, state_every_s=0, requeue_wait_s=0.1)
+    watch.poll()
+    time.sleep(0.2)
+    assert watch.poll()
+    with pytest.raises(RunFailed) as failed:
+        watch.outcome()
+    recipe = _elastic_recipe(max_restarts=1)
+    run_dir = run_record.new_run_dir(recipe.name, recipes.dump(recipe), tmp_path)
+    budget = restart.Restarts(recipe, run_dir, printer=lambda *a, **k: None)
+    budget.used = 1  # the one restart was this job
+    assert budget.next(SimpleNamespace(failure=watch.failure, job=job), failed.value) is None
+    line = budget.gave_up(failed.value)
+    assert "\n" not in line and "DOWN, DRAINED" in line and "gave up after 1 automatic restart" in line
+
+
+def test_a_node_set_down_then_drained_mid_run_finishes_on_the_node_left(tmp_path, baseline_of):
+    """The scenario of a lost node whose state Slurm changes under the restart: n2 set DOWN, one
+    second later DRAIN (its slurmd stays up). Whatever sinfo says at the moment of each restart,
+    the run ends completed on n1 with single's losses, and no restart pends beyond
+    elastic_wait_s: one that asked for both nodes is given up and the next continues on n1."""
+    if len(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()) < 2:
+        pytest.fail("the local Slurm has fewer than 2 nodes; start it with bash slurm/start.sh")
+    wait_s = 10
+    raw = yaml.safe_load(recipes.dump(make_recipe({"name": "ddp"}, **SECTIONS)))
+    raw["name"] = "drained"
+    raw["launch"] = {**raw["launch"], "executor": "slurm", "nodes": 2, "tasks_per_node": 1, "max_restarts": 2,
+                     "elastic": True, "elastic_wait_s": wait_s}
+    path = tmp_path / "drained.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = _submit(path, tmp_path / "runs")
+    taken, started = False, time.time()
+    try:
+        assert _paused(tmp_path / "runs", "drained", proc, started + 180), "the run never reached its pause"
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=test_drained"], check=True)
+        taken = True
+        time.sleep(1)
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=test_drained"], check=True)
+        stdout, stderr = _finish(proc, started + 240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if taken:
+            subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:] + _slurm_state()
+    (run_dir,) = (tmp_path / "runs").glob("drained-*")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["attempts"][-1].get("world_size") == 1, summary["attempts"]
+    assert "continuing on 1 of 2 node(s) (launch.elastic)" in stdout, stdout
+    single = baseline_of(make_recipe({"name": "single"}, **SECTIONS))
+    got = _losses(run_dir)
+    assert len(got) == len(single.losses)
+    assert max(abs(a - b) for a, b in zip(got, single.losses)) <= tolerance(make_recipe({"name": "ddp"}, **SECTIONS))

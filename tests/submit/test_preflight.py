@@ -102,9 +102,17 @@ def test_cuda_without_a_gpu(capsys):
 
 @no_gpu
 @pytest.mark.parametrize("device", ["auto", "cpu"])
-def test_fp16_is_refused_wherever_the_ranks_run_on_cpu(capsys, device):
-    assert_one_line(*dry_run(capsys, "training.precision=fp16", f"launch.device={device}"),
-                    "training.precision=fp16 needs a GPU", "bf16")
+def test_deepspeed_fp16_is_refused_wherever_the_ranks_run_on_cpu(capsys, device):
+    assert_one_line(*dry_run(capsys, "training.precision=fp16", f"launch.device={device}", "strategy.name=zero",
+                             "strategy.stage=2"),
+                    "training.precision=fp16 with strategy zero needs a GPU", "bf16")
+
+
+@no_gpu
+def test_torch_fp16_runs_on_cpu_with_loss_scaling(capsys):
+    # torch's CPU autocast and GradScaler run fp16 (suite.strategies.scaling): no refusal
+    code, err = dry_run(capsys, "training.precision=fp16", "launch.device=cpu")
+    assert code == 0, err
 
 
 def test_a_model_beyond_the_node_s_memory_is_refused_unless_forced(capsys):
@@ -184,3 +192,8 @@ def test_slurm_settings_the_cluster_lacks_are_refused_before_submitting(capsys, 
 def test_slurm_settings_the_cluster_has_pass(capsys):
     code, err = dry_run(capsys, "launch.executor=slurm", "launch.partition=debug")
     assert code == 0, err
+
+
+def test_the_torchrun_executor_is_recorded_by_torchrun_not_started_by_submit(capsys):
+    assert_one_line(*dry_run(capsys, "launch.executor=torchrun"), "launch.executor=torchrun",
+                    "torchrun --nnodes N --nproc-per-node G -m suite.train")

@@ -88,3 +88,42 @@ def test_torchrun_runs_the_same_loop_and_takes_its_world_size(tmp_path):
     assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-2000:]
     summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["dp_size"] == 2
+
+
+def test_two_torchrun_agents_are_two_nodes(tmp_path):
+    """torchrun --nnodes 2 --nproc-per-node 1: two agents meet at a c10d rendezvous on this
+    machine, as two nodes would; the run records 2 nodes of 1 rank each, not 1 node of 2."""
+    from suite.common.ports import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [subprocess.Popen(["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes", "-m", "suite.train",
+                                "recipes/quickstart.yaml", "training.epochs=1", "training.max_steps=4",
+                                "--out", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}) for _ in range(2)]
+    try:
+        outputs = [agent.communicate(timeout=240) for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+    for agent, (_, err) in zip(agents, outputs):
+        assert agent.returncode == 0, err[:3000] + "\n...\n" + err[-2000:]
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["dp_size"] == 2
+    recipe = (run / "recipe.yaml").read_text()
+    assert "nodes: 2" in recipe and "tasks_per_node: 1" in recipe and "executor: torchrun" in recipe
+
+
+def test_torchrun_s_nodes_bring_the_node_rules_with_them(monkeypatch, capsys):
+    """hogwild shares memory between the ranks of one node: refused in one line over two agents."""
+    from suite.tasks import torchrun
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    assert torchrun.main(["recipes/quickstart.yaml", "strategy.name=hogwild"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "hogwild" in err and "launch.nodes=2" in err

@@ -154,21 +154,3 @@ def test_online_without_a_usable_key_or_a_server_falls_back_to_offline_within_se
     assert notice.startswith("W&B online is not available") and took < 30
     (written,) = wandb_runs.run_dirs(run_dir)
     assert [r["step"] for r in wandb_runs.step_metrics(wandb_runs.read(written))] == [0, 1, 2]
-
-
-def test_the_gpu_probe_reads_the_cuda_index_through_torch_which_maps_it_to_nvmls(monkeypatch):
-    """torch's CUDA readings take the CUDA index and map it through CUDA_VISIBLE_DEVICES to NVML's
-    (the physical GPU); NVML's own index (the probe's before) named another GPU on a masked node.
-    No GPU here: torch's readings are replaced by ones that say which index they were given."""
-    import torch
-
-    from suite.record.utilisation import GpuProbe, probe_for
-
-    asked = []
-    monkeypatch.setattr(torch.cuda, "utilization", lambda i: asked.append(("util", i)) or 40)
-    monkeypatch.setattr(torch.cuda, "device_memory_used", lambda i: asked.append(("memory", i)) or 2**30)
-    monkeypatch.setattr(torch.cuda, "power_draw", lambda i: asked.append(("power", i)) or 250_000)
-    probe = probe_for(torch.device("cuda", 1))
-    assert isinstance(probe, GpuProbe)
-    assert probe.read() == {"gpu_util_percent": 40.0, "gpu_memory_used_bytes": 2**30, "gpu_power_w": 250.0}
-    assert {i for _, i in asked} == {1}
