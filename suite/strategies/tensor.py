@@ -126,6 +126,7 @@ class Options(StrategyOptions):
     cannot_fake: ClassVar = ""
     # The all-reduces inside the layers stay in the tensor-parallel group; FSDP2 over dp gathers.
     comm_axes: ClassVar = {"all_reduce": ("tensor",)}
+    within_node_axes: ClassVar = ("tensor",)
 
     def mesh_axes(self) -> list[Axis]:
         # Ranks of one tensor-parallel group read the same samples.
