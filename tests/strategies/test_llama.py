@@ -1,10 +1,9 @@
 """The Llama model (grouped-query attention, rotary positions, SwiGLU, RMSNorm) trains exactly like
-one process in float64 under data parallelism, FSDP, tensor parallelism (torchtitan's layout),
-data x tensor, the pipeline, and with full and selective activation checkpointing."""
+one process in float64 under data parallelism, FSDP, the pipeline, and with full and selective
+activation checkpointing (tensor parallelism and data x tensor: tests/strategies/test_tensor.py)."""
 import pytest
 
 from suite.common.errors import SuiteError
-from suite.record.run_record import read_json
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 
 # 4 query heads over 2 key/value heads: grouped-query attention is exercised, and tp 2 still
@@ -35,21 +34,6 @@ def llama_baseline(baseline_of):
 ])
 def test_llama_matches_single_process(strategy, world_size, llama_baseline, tmp_path):
     assert_matches(step_losses(make_recipe(strategy, world_size=world_size, **LLAMA), tmp_path), llama_baseline[0])
-
-
-@pytest.mark.parity
-def test_llama_matches_single_process_at_tp_2(llama_baseline, tmp_path):
-    assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2, **LLAMA), tmp_path), llama_baseline[0])
-    whole = llama_baseline[1]["ranks"][0]["held_bytes"]["parameters"]
-    for rank in read_json(tmp_path / "summary.json")["ranks"]:
-        # Attention and feed-forward weights are split in two; embedding, norms and head are not.
-        assert whole / 2 < rank["held_bytes"]["parameters"] < whole
-
-
-@pytest.mark.parity
-def test_llama_matches_single_process_at_dp_2_x_tp_2(llama_baseline, tmp_path):
-    recipe = make_recipe({"name": "tensor", "dp": 2}, world_size=4, **LLAMA)
-    assert_matches(step_losses(recipe, tmp_path), llama_baseline[0])
 
 
 @pytest.mark.parity
