@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from suite.advise import trust
-from suite.planner import hardware
+from suite.planner import hardware, search
 
 
 def memory_per_rank(profile: dict, raw: dict, per_node: int) -> tuple[int, str]:
@@ -127,7 +127,7 @@ def fewer_devices(single, raw: dict, world: int, per_node: int, weak_scaling: bo
     if single is None:
         return []
     batch = int((raw.get("training") or {}).get("batch_size", 1))
-    how = (" with activation checkpointing" if single.checkpointing else "") + (
+    how = (f" with {search.checkpointing_words(single.checkpointing)}" if single.checkpointing else "") + (
         f" in {single.accumulation} accumulation steps" if single.accumulation > 1 else "")
     lines = [f"**The model fits one device**: on one rank at the global batch of {batch}{how} it peaks at "
              f"{single.profile.peak_bytes / 2**30:.3g} GiB. It needs no model parallelism (tensor, pipeline): "

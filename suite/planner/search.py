@@ -7,8 +7,9 @@ Candidates. Every strategy, with each variant its own rules offer at that world 
 ``suite.strategies.costs``), the recipe's own strategy as written first. Each is tried at the
 recipe's global batch (``training.batch_size``; or ``weak_scaling``: the recipe's per-rank batch
 kept, so the global batch grows with the data-parallel degree) and, where it does not fit in a
-rank's memory, with activation checkpointing and then with gradient accumulation (micro-batch
-size against accumulation steps, the smallest accumulation that fits), since both cost time.
+rank's memory, with selective activation checkpointing (torchtitan's: attention's and half the
+matmuls' outputs kept), then full, then with gradient accumulation (micro-batch size against
+accumulation steps, the smallest accumulation that fits), each costing more time than the last.
 
 Each candidate is validated as a recipe at that launch (``launch.nodes``, ``tasks_per_node``:
 the strategy's own checks refuse what cannot run there, e.g. hogwild beyond one node, a tensor
@@ -40,7 +41,7 @@ FAKE_TIMEOUT_S = 300  # per configuration's fake run, as suite.plan's default
 class Candidate:
     label: str  # "fsdp:replicate=2", as suite.plan names strategies
     section: dict  # the strategy section
-    checkpointing: bool = False
+    checkpointing: bool | str = False  # training.activation_checkpointing: False, "selective" or True
     accumulation: int = 1
     batch_size: int = 0
     overrides: list[str] = field(default_factory=list)  # what a user adds to the recipe to run it
@@ -56,7 +57,7 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        extra = (["activation checkpointing"] if self.checkpointing else []) + (
+        extra = ([checkpointing_words(self.checkpointing)] if self.checkpointing else []) + (
             [f"{self.accumulation} accumulation steps"] if self.accumulation > 1 else [])
         return self.label + (f" ({', '.join(extra)})" if extra else "")
 
@@ -84,10 +85,14 @@ def _label(section: dict) -> str:
     return ":".join([section["name"], *keys])  # as --strategies takes it: zero:stage=3:offload=cpu
 
 
-def _overrides(section: dict, checkpointing: bool, accumulation: int, batch_size: int, raw: dict) -> list[str]:
+def checkpointing_words(checkpointing: bool | str) -> str:
+    return "selective activation checkpointing" if checkpointing == "selective" else "activation checkpointing"
+
+
+def _overrides(section: dict, checkpointing: bool | str, accumulation: int, batch_size: int, raw: dict) -> list[str]:
     out = [f"strategy.name={section['name']}"] + [f"strategy.{k}={_text(v)}" for k, v in section.items() if k != "name"]
     if checkpointing:
-        out.append("training.activation_checkpointing=true")
+        out.append(f"training.activation_checkpointing={_text(checkpointing)}")
     if accumulation > 1:
         out.append(f"training.grad_accumulation={accumulation}")
     if batch_size != (raw.get("training") or {}).get("batch_size"):
@@ -186,19 +191,20 @@ def one_device(raw: dict, memory_bytes: int, device: str | None = None, fake: bo
 
 def _start(raw, label, section, launch, weak_scaling, per_rank) -> Candidate:
     """The candidate before it is sized: its global batch and the tries ``fit`` walks through
-    (as written, checkpointed, then accumulating), or the reason its batch is refused."""
+    (as written, selectively then fully checkpointed, then accumulating), or the reason its
+    batch is refused."""
     try:
         batch = _batch(raw, section, launch, weak_scaling, per_rank)
     except SuiteError as e:
         return Candidate(label, section, excluded=str(e))
-    tries = [(False, 1), (True, 1)] + [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
+    tries = [(False, 1), ("selective", 1), (True, 1)] + [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
     return Candidate(label, section, batch_size=batch, tries=tries)
 
 
 def fit(candidates: list[Candidate], raw: dict, launch: dict, memory_bytes: int, sizer: "Sizer",
         within_node: Optional[int]) -> None:
-    """Each candidate as written; where it does not fit, with activation checkpointing, then with
-    the fewest accumulation steps that make it fit: round by round, each round's tries sized
+    """Each candidate as written; where it does not fit, with selective then full activation
+    checkpointing, then with the fewest accumulation steps that make it fit: round by round, each round's tries sized
     together. A try the recipe check refuses ends its candidate (more accumulation will not help a
     refused layout) with that reason, or the last try's "does not fit". ``within_node``: ranks per
     node, where a layout whose node-local axes (``StrategyOptions.within_node_axes``) would span

@@ -23,7 +23,7 @@ LLAMA = {"name": "t", "model": {"name": "llama", "dim": 64, "layers": 4, "heads"
 QUIET = {"progress": lambda _: None}
 
 
-def _plans_peak(raw: dict, checkpointing: bool) -> int:
+def _plans_peak(raw: dict, checkpointing) -> int:
     """What python -m suite.plan says for fsdp at 2 ranks (its own code path)."""
     raw = {**raw, "training": {**raw["training"], "activation_checkpointing": checkpointing}}
     (point,) = table.plan(raw, [("fsdp", {"name": "fsdp"})], [2], jobs=1, **QUIET)
@@ -31,23 +31,24 @@ def _plans_peak(raw: dict, checkpointing: bool) -> int:
 
 
 def test_the_advisor_sizes_and_fits_a_configuration_as_the_plan_does():
-    plain, checkpointed = _plans_peak(LLAMA, False), _plans_peak(LLAMA, True)
-    assert checkpointed < plain  # the premise: checkpointing is what makes it fit
-    h100 = hardware.preset("h100")
-    (c,) = search.search(LLAMA, 1, 2, h100, checkpointed, strategies=[("fsdp", {"name": "fsdp"})], **QUIET)
-    assert not c.excluded, c.excluded
-    assert (c.checkpointing, c.accumulation) == (True, 1)  # not accumulating where the plan says it fits
-    assert c.profile.peak_bytes == checkpointed
-    # A memory just under the plan's figure: left out, with the plan's figure as the reason.
-    (c,) = search.search(LLAMA, 1, 2, h100, checkpointed - 1, strategies=[("fsdp", {"name": "fsdp"})], **QUIET)
-    assert c.excluded or c.accumulation > 1
-    if not c.excluded:
-        assert c.profile.peak_bytes < checkpointed
+    plain, selective, full = (_plans_peak(LLAMA, checkpointing) for checkpointing in (False, "selective", True))
+    assert plain > selective > full  # the premise: how much is recomputed decides whether it fits
+    h100, fsdp = hardware.preset("h100"), [("fsdp", {"name": "fsdp"})]
+    for memory, checkpointing in ((selective, "selective"), (full, True)):
+        (c,) = search.search(LLAMA, 1, 2, h100, memory, strategies=fsdp, **QUIET)
+        assert not c.excluded, c.excluded
+        # The cheapest try that fits by the plan's figure, not an accumulation the analytic rule asked for.
+        assert (c.checkpointing, c.accumulation) == (checkpointing, 1)
+        assert c.profile.peak_bytes == memory
+        assert f"training.activation_checkpointing={str(checkpointing).lower()}" in c.overrides
+    # A byte under the plan's figure: left out, or accumulating to fit under it.
+    (c,) = search.search(LLAMA, 1, 2, h100, full - 1, strategies=fsdp, **QUIET)
+    assert c.excluded or (c.accumulation > 1 and c.profile.peak_bytes < full)
 
 
 def test_a_configuration_listed_as_fitting_fits():
     h100 = hardware.preset("h100")
-    memory = _plans_peak(LLAMA, True)
+    memory = _plans_peak(LLAMA, True)  # fsdp fully checkpointed: the other layouts must get under it too
     specs = [("fsdp", {"name": "fsdp"}), ("ddp", {"name": "ddp"}), ("tensor", {"name": "tensor", "dp": 1, "tp": 2})]
     for c in search.search(LLAMA, 1, 2, h100, memory, strategies=specs, **QUIET):
         assert c.excluded or c.profile.peak_bytes <= memory, (c.name, c.profile.peak_bytes, memory)
