@@ -122,22 +122,27 @@ def left_out_lines(left_out, verbose: bool) -> list[str]:
 
 def fewer_devices(single, raw: dict, world: int, per_node: int, weak_scaling: bool) -> list[str]:
     """Said plainly where the model fits one device (``single``: the search's candidate for
-    ``single`` on one rank, or None): it needs no model parallelism; and where the global batch
-    cannot feed every rank, how many ranks it feeds and ``--weak-scaling``."""
-    if single is None:
-        return []
+    ``single`` on one rank, or None): it needs no model parallelism; and, whether it fits or not,
+    where the global batch cannot give every rank a sample: how many ranks it feeds and
+    ``--weak-scaling``."""
     batch = int((raw.get("training") or {}).get("batch_size", 1))
-    how = (f" with {search.checkpointing_words(single.checkpointing)}" if single.checkpointing else "") + (
-        f" in {single.accumulation} accumulation steps" if single.accumulation > 1 else "")
-    lines = [f"**The model fits one device**: on one rank at the global batch of {batch}{how} it peaks at "
-             f"{single.profile.peak_bytes / 2**30:.3g} GiB. It needs no model parallelism (tensor, pipeline): "
-             f"data parallelism is what to run on more devices, for a larger batch or a shorter epoch.", ""]
+    lines = []
+    if single is not None:
+        how = (f" with {search.checkpointing_words(single.checkpointing)}" if single.checkpointing else "") + (
+            f" in {single.accumulation} accumulation steps" if single.accumulation > 1 else "")
+        lines += [f"**The model fits one device**: on one rank at the global batch of {batch}{how} it peaks at "
+                  f"{single.profile.peak_bytes / 2**30:.3g} GiB. It needs no model parallelism (tensor, pipeline): "
+                  f"data parallelism is what to run on more devices, for a larger batch or a shorter epoch.", ""]
     ranks = fed_ranks(batch, world, per_node)
-    if not weak_scaling and ranks < world:
+    if weak_scaling or ranks == world:
+        return lines
+    fed = f"**The global batch of {batch} feeds at most {ranks} data-parallel ranks of the {world} offered** (a sample or more each)"
+    grow = "keep each rank's batch and let the global batch grow with the ranks: --weak-scaling"
+    if single is not None:
         nodes, per = (ranks // per_node, per_node) if ranks >= per_node else (1, ranks)
-        lines += [f"**The global batch of {batch} feeds at most {ranks} data-parallel ranks of the {world} offered** "
-                  f"(a sample or more each): run data parallel on {ranks} (--nodes {nodes} --per-node {per}), or keep "
-                  f"each rank's batch and let the global batch grow with the ranks: --weak-scaling.", ""]
+        lines += [f"{fed}: run data parallel on {ranks} (--nodes {nodes} --per-node {per}), or {grow}.", ""]
+    else:
+        lines += [f"{fed}: layouts with more data-parallel ranks are left out; to use them all, {grow}.", ""]
     return lines
 
 

@@ -125,3 +125,16 @@ def test_a_bad_override_is_refused_once_before_the_search(tmp_path):
     assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and "training.epochs" in proc.stderr, proc.stderr
     assert proc.stdout == "" and "sized" not in proc.stderr
+
+
+def test_a_batch_too_small_for_the_ranks_offers_weak_scaling_whether_or_not_the_model_fits_one_device():
+    from suite.advise import output
+
+    raw = {"training": {"batch_size": 16}}
+    say = lambda single, weak=False: " ".join(output.fewer_devices(single, raw, 1024, 8, weak))  # noqa: E731
+    big = say(None)  # a model that needs several devices: no run on 16 ranks is suggested
+    assert "feeds at most 16 data-parallel ranks of the 1024 offered" in big and "--weak-scaling" in big
+    assert "fits one device" not in big and "--nodes" not in big
+    assert say(None, weak=True) == "" and " ".join(output.fewer_devices(None, raw, 16, 8, False)) == ""
+    assert output.fed_ranks(16, 1024, 8) == 16 and output.fed_ranks(64, 1024, 8) == 64
+    assert output.fed_ranks(12, 1024, 8) == 4  # 12 ranks would not fill whole nodes of 8: 4 of one node
