@@ -1,12 +1,15 @@
 """The advisor's output: the ranked table (printed, ``advice.md``, ``advice.csv``) with the
-overrides to run each configuration, and every configuration left out with its reason."""
+overrides to run each configuration, what it says plainly about a model that fits one device,
+and the configurations left out: one line per reason with a count where printed, every one with
+its reason in ``advice.md`` (and printed with ``--verbose``)."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 from suite.advise import trust
-from suite.planner import hardware
+from suite.planner import hardware, search
 
 
 def memory_per_rank(profile: dict, raw: dict, per_node: int) -> tuple[int, str]:
@@ -40,7 +43,7 @@ def rows(candidates, within: float) -> list[dict]:
     return out
 
 
-def write(candidates, raw: dict, profile: dict, args, per_node: int, memory_what: str, out: Path) -> str:
+def write(candidates, raw: dict, profile: dict, args, per_node: int, memory_what: str, out: Path, single=None) -> str:
     out.mkdir(parents=True, exist_ok=True)
     within, source = trust.band(Path(args.runs), profile)
     table = rows(candidates, within)
@@ -48,18 +51,21 @@ def write(candidates, raw: dict, profile: dict, args, per_node: int, memory_what
         writer = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["configuration"])
         writer.writeheader()
         writer.writerows(table)
-    text = markdown(candidates, table, raw, profile, args, per_node, memory_what, within, source)
-    (out / "advice.md").write_text(text)
-    return text
+    shown = lambda every: markdown(candidates, table, raw, profile, args, per_node, memory_what, within,  # noqa: E731
+                                   source, single, every)
+    (out / "advice.md").write_text(shown(True))  # the record keeps every configuration left out
+    return shown(args.verbose)
 
 
-def markdown(candidates, table, raw, profile, args, per_node, memory_what, within: float, band_source: str) -> str:
+def markdown(candidates, table, raw, profile, args, per_node, memory_what, within: float, band_source: str,
+             single=None, every_left_out: bool = False) -> str:
     world = args.nodes * per_node
     batch = "the recipe's per-rank batch kept (weak scaling)" if args.weak_scaling else \
         f"global batch {(raw.get('training') or {}).get('batch_size', '?')}"
     lines = [f"# Advice: {raw.get('name', '')} (model {(raw.get('model') or {}).get('name', '?')}) on "
              f"{args.nodes} node(s) x {per_node} = {world} ranks, {batch}", "",
              f"Hardware: {hardware.describe(profile)}.", f"Memory per rank: {memory_what}.", ""]
+    lines += fewer_devices(single, raw, world, per_node, args.weak_scaling)
     if profile.get("from_specs"):
         lines += ["**Figures from published specs, not measured**: calibrate the cluster "
                   "(python -m suite.calibrate under Slurm) before trusting the order.", ""]
@@ -80,13 +86,68 @@ def markdown(candidates, table, raw, profile, args, per_node, memory_what, withi
                   "more nodes or a larger device give each rank less to hold).", ""]
     left_out = [c for c in candidates if c.excluded]
     if left_out:
-        lines += ["", f"## Left out ({len(left_out)})", ""]
-        by_reason: dict[str, list[str]] = {}  # variants refused for the same reason share one line
-        for c in left_out:
-            by_reason.setdefault(" ".join(c.excluded.split()), []).append(c.name)
-        lines += [f"- {', '.join(names)}: {reason}" for reason, names in by_reason.items()]
+        lines += ["", f"## Left out ({len(left_out)})", ""] + left_out_lines(left_out, every_left_out)
     analytic = [r for r in table[:args.top] if r["source"] == "analytic"]
     if analytic:
         lines += ["", "profile analytic: the strategy's rule, not a fake run of its real code (the strategy "
                   "declares why it cannot run on fake tensors, or its fake run failed)."]
     return "\n".join(lines) + "\n"
+
+
+def left_out_lines(left_out, verbose: bool) -> list[str]:
+    """One line per reason, with how many configurations it leaves out and the first few of them;
+    reasons that differ only in their figures (a degree, a batch, GiB) are one reason, worded with
+    the first configuration's figures. ``verbose``: every configuration, those refused for the
+    very same words sharing a line."""
+    exact: dict[str, list[str]] = {}
+    for c in left_out:
+        exact.setdefault(" ".join(c.excluded.split()), []).append(c.name)
+    if verbose:
+        return [f"- {', '.join(names)}: {reason}" for reason, names in exact.items()]
+    kinds: dict[str, list[tuple[str, str]]] = {}
+    for reason, names in exact.items():
+        kinds.setdefault(re.sub(r"\d+(?:\.\d+)?", "#", reason), []).extend((name, reason) for name in names)
+    lines = []
+    for members in kinds.values():
+        names = [name for name, _ in members]
+        first_name, first_reason = members[0]
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        figures = f" (figures: {first_name}'s)" if len({r for _, r in members}) > 1 else ""
+        count = f"{len(names)} configurations" if len(names) > 1 else "1 configuration"
+        lines.append(f"- {count} ({shown}): {first_reason}{figures}")
+    if len(lines) < len(left_out):
+        lines += ["", "--verbose (and advice.md) lists every configuration left out."]
+    return lines
+
+
+def fewer_devices(single, raw: dict, world: int, per_node: int, weak_scaling: bool) -> list[str]:
+    """Said plainly where the model fits one device (``single``: the search's candidate for
+    ``single`` on one rank, or None): it needs no model parallelism; and, whether it fits or not,
+    where the global batch cannot give every rank a sample: how many ranks it feeds and
+    ``--weak-scaling``."""
+    batch = int((raw.get("training") or {}).get("batch_size", 1))
+    lines = []
+    if single is not None:
+        how = (f" with {search.checkpointing_words(single.checkpointing)}" if single.checkpointing else "") + (
+            f" in {single.accumulation} accumulation steps" if single.accumulation > 1 else "")
+        lines += [f"**The model fits one device**: on one rank at the global batch of {batch}{how} it peaks at "
+                  f"{single.profile.peak_bytes / 2**30:.3g} GiB. It needs no model parallelism (tensor, pipeline): "
+                  f"data parallelism is what to run on more devices, for a larger batch or a shorter epoch.", ""]
+    ranks = fed_ranks(batch, world, per_node)
+    if weak_scaling or ranks == world:
+        return lines
+    fed = f"**The global batch of {batch} feeds at most {ranks} data-parallel ranks of the {world} offered** (a sample or more each)"
+    grow = "keep each rank's batch and let the global batch grow with the ranks: --weak-scaling"
+    if single is not None:
+        nodes, per = (ranks // per_node, per_node) if ranks >= per_node else (1, ranks)
+        lines += [f"{fed}: run data parallel on {ranks} (--nodes {nodes} --per-node {per}), or {grow}.", ""]
+    else:
+        lines += [f"{fed}: layouts with more data-parallel ranks are left out; to use them all, {grow}.", ""]
+    return lines
+
+
+def fed_ranks(batch: int, world: int, per_node: int) -> int:
+    """The most ranks, up to ``world``, that the global batch splits over evenly, filling whole
+    nodes (or part of one)."""
+    return max(r for r in range(1, world + 1)
+               if batch % r == 0 and world % r == 0 and (r % per_node == 0 or per_node % r == 0))

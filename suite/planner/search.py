@@ -7,17 +7,23 @@ Candidates. Every strategy, with each variant its own rules offer at that world 
 ``suite.strategies.costs``), the recipe's own strategy as written first. Each is tried at the
 recipe's global batch (``training.batch_size``; or ``weak_scaling``: the recipe's per-rank batch
 kept, so the global batch grows with the data-parallel degree) and, where it does not fit in a
-rank's memory, with activation checkpointing and then with gradient accumulation (micro-batch
-size against accumulation steps, the smallest accumulation that fits), since both cost time.
+rank's memory, with selective activation checkpointing (torchtitan's: attention's and half the
+matmuls' outputs kept), then full, then with gradient accumulation (micro-batch size against
+accumulation steps, the smallest accumulation that fits), each costing more time than the last.
 
 Each candidate is validated as a recipe at that launch (``launch.nodes``, ``tasks_per_node``:
 the strategy's own checks refuse what cannot run there, e.g. hogwild beyond one node, a tensor
-degree that does not divide the heads), sized by the analytic rule (``suite.planner.analytic``;
-the bare model's step counted once per batch) and timed (``suite.planner.timing``). The best
-ones are then profiled again by a fake run of their real code (``suite.planner.fake_run``, in
-forked children) where the strategy allows it: it counts what the analytic rule leaves out
-(tensor parallelism's all-reduces inside the layers). What does not fit or cannot run is kept
-with its reason.
+degree that does not divide the heads), sized exactly as ``suite.plan`` sizes it (``Sizer``: a
+fake run of its real code in a forked child where the strategy allows it, else its analytic
+rule), so the two tools give one memory for one configuration, and the fit is decided on that
+figure; then timed (``suite.planner.timing``). (Deciding fits by the analytic rule on the bare
+model, which applies neither activation checkpointing nor the precision, and profiling only the
+best dozen again without deciding their fit again, gave a Llama-8B under FSDP several times the
+plan's memory, and listed as fitting a configuration whose fake run peaked far over it.)
+
+Tensor parallelism stays within a node unless asked (``tensor_across_nodes``): its all-reduces
+sit inside every layer, and no practitioner runs them over the link between nodes. What does not
+fit or cannot run is kept with its reason.
 """
 from __future__ import annotations
 
@@ -28,14 +34,14 @@ from typing import Optional
 from suite.common.errors import SuiteError
 from suite.planner.profile import StepProfile
 
-REFINED = 12  # the best candidates (by the analytic rule) that a fake run profiles again
+FAKE_TIMEOUT_S = 300  # per configuration's fake run, as suite.plan's default
 
 
 @dataclass
 class Candidate:
     label: str  # "fsdp:replicate=2", as suite.plan names strategies
     section: dict  # the strategy section
-    checkpointing: bool = False
+    checkpointing: bool | str = False  # training.activation_checkpointing: False, "selective" or True
     accumulation: int = 1
     batch_size: int = 0
     overrides: list[str] = field(default_factory=list)  # what a user adds to the recipe to run it
@@ -43,6 +49,7 @@ class Candidate:
     profile: Optional[StepProfile] = None
     time: dict = field(default_factory=dict)  # timing.predict_step_time's result
     excluded: str = ""
+    tries: list = field(default_factory=list, repr=False)  # (checkpointing, accumulation) still to size
 
     @property
     def step_s(self) -> float:
@@ -50,7 +57,7 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        extra = (["activation checkpointing"] if self.checkpointing else []) + (
+        extra = ([checkpointing_words(self.checkpointing)] if self.checkpointing else []) + (
             [f"{self.accumulation} accumulation steps"] if self.accumulation > 1 else [])
         return self.label + (f" ({', '.join(extra)})" if extra else "")
 
@@ -78,10 +85,14 @@ def _label(section: dict) -> str:
     return ":".join([section["name"], *keys])  # as --strategies takes it: zero:stage=3:offload=cpu
 
 
-def _overrides(section: dict, checkpointing: bool, accumulation: int, batch_size: int, raw: dict) -> list[str]:
+def checkpointing_words(checkpointing: bool | str) -> str:
+    return "selective activation checkpointing" if checkpointing == "selective" else "activation checkpointing"
+
+
+def _overrides(section: dict, checkpointing: bool | str, accumulation: int, batch_size: int, raw: dict) -> list[str]:
     out = [f"strategy.name={section['name']}"] + [f"strategy.{k}={_text(v)}" for k, v in section.items() if k != "name"]
     if checkpointing:
-        out.append("training.activation_checkpointing=true")
+        out.append(f"training.activation_checkpointing={_text(checkpointing)}")
     if accumulation > 1:
         out.append(f"training.grad_accumulation={accumulation}")
     if batch_size != (raw.get("training") or {}).get("batch_size"):
@@ -115,30 +126,161 @@ def _batch(raw: dict, section: dict, launch: dict, weak_scaling: bool, per_rank:
 
 def search(raw: dict, nodes: int, per_node: int, calibration: dict, memory_bytes: int,
            weak_scaling: bool = False, strategies: Optional[list[tuple[str, dict]]] = None,
-           refine: int = REFINED, progress=print, device: str | None = None) -> list[Candidate]:
+           progress=print, device: str | None = None, fake: bool = True,
+           tensor_across_nodes: bool = False, jobs: int = 2) -> list[Candidate]:
     """Every candidate (module doc), ranked: the fitting ones by predicted samples per second, then those
-    that do not fit or cannot run, each with its reason."""
+    that do not fit or cannot run, each with its reason. ``fake``: size each as ``suite.plan`` does
+    (False: the analytic rule alone, quicker, for tests of the search's own logic);
+    ``tensor_across_nodes``: also try tensor-parallel groups that span nodes."""
     world = nodes * per_node
     launch = {"executor": "slurm" if nodes > 1 else (raw.get("launch") or {}).get("executor", "local"),
               "nodes": nodes, "tasks_per_node": per_node}
     if device:
         launch["device"] = device
-    recipe_world = _recipe_world(raw)
-    per_rank = max(1, int((raw.get("training") or {}).get("batch_size", 1)) // recipe_world)
+    per_rank = max(1, int((raw.get("training") or {}).get("batch_size", 1)) // _recipe_world(raw))
     sections = strategies if strategies is not None else strategy_sections(raw.get("strategy") or {}, world)
-    steps: dict[tuple, dict] = {}
-    started, out = time.monotonic(), []
-    for i, (label, section) in enumerate(sections, 1):
+    out = []
+    for label, section in sections:
         if strategies is None and (why := _left_out(section)):
             out.append(Candidate(label, section, excluded=why))
-            continue
-        candidate = _first_fit(raw, label, section, launch, weak_scaling, per_rank, calibration, memory_bytes, steps)
-        out.append(candidate)
-        if i % 10 == 0 or i == len(sections):
-            progress(f"[{i}/{len(sections)}] candidates sized ({time.monotonic() - started:.0f} s)")
+        else:
+            out.append(_start(raw, label, section, launch, weak_scaling, per_rank))
+    keep_within = None if tensor_across_nodes else per_node
+    fit(out, raw, launch, memory_bytes, Sizer(fake, jobs, progress), keep_within)
     _time_all([c for c in out if not c.excluded], calibration, progress)
-    _refine(out, calibration, refine, progress)
     return rank(out)
+
+
+# Keys the search sets itself, or whose check depends on the world size it varies.
+_SEARCHED = {"training": ("grad_accumulation", "balance", "balance_shares"),
+             "launch": ("nodes", "tasks_per_node", "devices_per_task", "elastic")}
+
+
+def check_recipe(raw: dict) -> None:
+    """SuiteError, once and before any candidate is tried, for what none of them could run: the
+    recipe's own keys and values (a bad ``key=value`` override), checked with the strategy and
+    launch the search varies set to one process of ``single``, and the keys the search sets
+    itself left out. Else each candidate would be refused for it in turn."""
+    # start-up: loads pydantic, torch, suite.recipe only when this runs
+    from suite import recipe as recipes
+
+    probe = {**raw, "strategy": {"name": "single"}}
+    for section, keys in _SEARCHED.items():
+        probe[section] = {k: v for k, v in (raw.get(section) or {}).items() if k not in keys}
+    recipes.validate(probe)
+
+
+def one_device(raw: dict, memory_bytes: int, device: str | None = None, fake: bool = True,
+               progress=print) -> Optional[Candidate]:
+    """The recipe's model on one device (``single``) at its global batch, checkpointing and then
+    accumulating where it must, sized as every candidate is: the candidate where it fits, else
+    None. Not tried where what a single rank holds (parameters, gradients, optimizer state)
+    already exceeds the memory."""
+    from suite.planner.memory import predicted_held_bytes  # start-up: loads torch only when this runs
+
+    launch = {**({"device": device} if device else {}), "executor": "local", "nodes": 1, "tasks_per_node": 1}
+    c = _start(raw, "single", {"name": "single"}, launch, False, 1)
+    if c.excluded:
+        return None
+    held = predicted_held_bytes(_validate(raw, c.section, launch, {"grad_accumulation": 1}))["per_rank"]
+    if sum(held.values()) > memory_bytes:
+        return None
+    fit([c], raw, launch, memory_bytes, Sizer(fake, 1, progress), None)
+    return None if c.excluded or c.profile is None else c
+
+
+def _start(raw, label, section, launch, weak_scaling, per_rank) -> Candidate:
+    """The candidate before it is sized: its global batch and the tries ``fit`` walks through
+    (as written, selectively then fully checkpointed, then accumulating), or the reason its
+    batch is refused."""
+    try:
+        batch = _batch(raw, section, launch, weak_scaling, per_rank)
+    except SuiteError as e:
+        return Candidate(label, section, excluded=str(e))
+    tries = [(False, 1), ("selective", 1), (True, 1)] + [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
+    return Candidate(label, section, batch_size=batch, tries=tries)
+
+
+def fit(candidates: list[Candidate], raw: dict, launch: dict, memory_bytes: int, sizer: "Sizer",
+        within_node: Optional[int]) -> None:
+    """Each candidate as written; where it does not fit, with selective then full activation
+    checkpointing, then with the fewest accumulation steps that make it fit: round by round, each round's tries sized
+    together. A try the recipe check refuses ends its candidate (more accumulation will not help a
+    refused layout) with that reason, or the last try's "does not fit". ``within_node``: ranks per
+    node, where a layout whose node-local axes (``StrategyOptions.within_node_axes``) would span
+    nodes is left out."""
+    trying = [c for c in candidates if c.tries and not c.excluded]
+    while trying:
+        sized = []
+        for c in trying:
+            checkpointing, accumulation = c.tries.pop(0)
+            try:
+                recipe = _validate(raw, c.section, launch, {"batch_size": c.batch_size, "grad_accumulation": accumulation,
+                                                            "activation_checkpointing": checkpointing})
+                why = _spans_nodes(recipe, within_node) if within_node else ""
+            except SuiteError as e:
+                why = str(e)
+            if why:
+                c.excluded = c.excluded if c.recipe is not None else why
+                c.tries = []
+                continue
+            c.checkpointing, c.accumulation, c.recipe = checkpointing, accumulation, recipe
+            c.overrides = _overrides(c.section, checkpointing, accumulation, c.batch_size, raw)
+            sized.append(c)
+        sizer.size(sized)
+        for c in sized:
+            fits = c.profile.peak_bytes <= memory_bytes
+            c.excluded = "" if fits else (f"does not fit: {c.profile.peak_bytes / 2**30:.2f} GiB per rank at its "
+                                          f"peak, {memory_bytes / 2**30:.2f} GiB available")
+            if fits:
+                c.tries = []
+        trying = [c for c in sized if c.tries]
+
+
+def _spans_nodes(recipe, per_node: int) -> str:
+    """Why this layout is left out: a mesh axis its strategy keeps within a node (tensor
+    parallelism's, whose all-reduces sit inside every layer) would have groups crossing nodes."""
+    layout = recipe.layout()
+    for axis in recipe.strategy.within_node_axes:
+        degree = layout.degree(axis)
+        if degree > 1 and per_node % degree:
+            return (f"its {axis}-parallel groups of {degree} ranks would span nodes of {per_node} ranks, and their "
+                    f"collectives inside every layer would cross the link between nodes; left out unless asked "
+                    f"(--tensor-across-nodes)")
+    return ""
+
+
+class Sizer:
+    """A try's StepProfile, as ``suite.plan`` sizes that configuration: one fake step of the real
+    code in a forked child where the strategy allows it, else the strategy's analytic rule
+    (``fake_run.plan_point``, ``jobs`` at a time), so that the advisor and the planner give one
+    answer for one configuration. ``fake=False``: the analytic rule alone (the bare model's step
+    counted once per batch)."""
+
+    def __init__(self, fake: bool = True, jobs: int = 2, progress=print):
+        self.fake, self.jobs, self.progress = fake, jobs, progress
+        self.steps: dict[tuple, dict] = {}
+        self.rounds = 0
+
+    def size(self, candidates: list[Candidate]) -> None:
+        if not candidates:
+            return
+        started = time.monotonic()
+        self.rounds += 1
+        if not self.fake:
+            for c in candidates:
+                _size(c, self.steps)
+        else:
+            # start-up: loads torch, suite.planner only when this runs
+            from suite.planner import analytic, fake_run
+
+            fake_run.warm()
+            start = lambda c: fake_run.Job(c.recipe, c.recipe.world_size, FAKE_TIMEOUT_S, quiet=True)  # noqa: E731
+            for c, _, (status, payload) in fake_run.run_all(candidates, start, self.jobs):
+                c.profile = payload if status == "ok" else analytic.profile(
+                    fake_run.at_world(c.recipe, c.recipe.world_size), c.recipe.world_size, f"the fake run failed: {payload}")
+        self.progress(f"round {self.rounds}: {len(candidates)} configuration(s) sized "
+                      f"({time.monotonic() - started:.0f} s)")
 
 
 def _left_out(section: dict) -> str:
@@ -170,34 +312,7 @@ def _recipe_world(raw: dict) -> int:
     return max(1, int(launch.get("nodes", 1)) * int(launch.get("tasks_per_node", 1)))
 
 
-def _first_fit(raw, label, section, launch, weak_scaling, per_rank, calibration, memory_bytes, steps) -> Candidate:
-    """The candidate as written; where it does not fit, with activation checkpointing, then with
-    the fewest accumulation steps that make it fit."""
-    try:
-        batch = _batch(raw, section, launch, weak_scaling, per_rank)
-    except SuiteError as e:
-        return Candidate(label, section, excluded=str(e))
-    tries = [(False, 1), (True, 1)] + [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
-    last = None
-    for checkpointing, accumulation in tries:
-        c = Candidate(label, section, checkpointing, accumulation, batch,
-                      _overrides(section, checkpointing, accumulation, batch, raw))
-        try:
-            c.recipe = _validate(raw, section, launch, {"batch_size": batch, "grad_accumulation": accumulation,
-                                                        "activation_checkpointing": checkpointing})
-            _size(c, calibration, steps)
-        except SuiteError as e:
-            c.excluded = str(e)
-            return c if last is None else last  # more accumulation will not help a refused layout
-        if c.profile.peak_bytes <= memory_bytes:
-            return c
-        c.excluded = (f"does not fit: {c.profile.peak_bytes / 2**30:.2f} GiB per rank at its peak, "
-                      f"{memory_bytes / 2**30:.2f} GiB available")
-        last = c
-    return last
-
-
-def _size(c: Candidate, calibration: dict, steps: dict) -> None:
+def _size(c: Candidate, steps: dict) -> None:
     """The analytic profile of ``c`` (``steps``: the bare model's step by batch, counted once);
     ``_time_all`` times it."""
     # start-up: loads torch, suite.planner only when this runs
@@ -238,21 +353,3 @@ def _time(c: Candidate, calibration: dict) -> None:
     options["ranks_per_node"] = c.recipe.launch.tasks_per_node
     calibration = model_rate.with_model_rate(calibration, c.recipe, options["model"], options["ranks_per_node"])
     c.time = timing.predict_step_time(c.profile, calibration, options)
-
-
-def _refine(candidates: list[Candidate], calibration: dict, count: int, progress) -> None:
-    """Profile the best ``count`` fitting candidates again by a fake run of their real code, two
-    at a time, where their strategy allows it; keep the analytic profile where it fails."""
-    # start-up: loads torch, suite.planner only when this runs
-    from suite.planner import fake_run
-
-    best = [c for c in rank(candidates) if not c.excluded and c.recipe.strategy.cannot_fake == ""][:count]
-    if not best:
-        return
-    fake_run.warm()
-    start = lambda c: fake_run.Job(c.recipe, c.recipe.world_size, 120, quiet=True)  # noqa: E731
-    for done, (c, _, (status, payload)) in enumerate(fake_run.run_all(best, start), 1):
-        if status == "ok":
-            c.profile = payload
-            _time(c, calibration)
-        progress(f"[{done}/{len(best)}] fake run of {c.name}: {'ok' if status == 'ok' else payload}")

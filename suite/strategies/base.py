@@ -63,6 +63,9 @@ class StrategyOptions(BaseModel):
     # The mesh axes each collective kind of its comm_rule runs over, where not the data-parallel
     # axes (the default): the time model sizes the group (N) and the link it crosses by them.
     comm_axes: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Mesh axes whose groups the advisor keeps within one node unless asked (their collectives
+    # sit inside every layer, where the link between nodes would stall each one).
+    within_node_axes: ClassVar[tuple[str, ...]] = ()
     # Why a checkpoint of this strategy cannot be resumed by another strategy or at another world
     # size, or "" where it can: its engine's neutral_state maps its state to the plain model's
     # names (suite.strategies.neutral), tested by tests/train/test_any_to_any_resume.py. A

@@ -86,7 +86,8 @@ def test_advise_at_1024_ranks_on_the_h100_preset(tmp_path):
     assert any(n.startswith(("fsdp", "zero:stage=3")) for n in names)  # sharded
     throughput = [float(r["samples_per_s"]) for r in ranked]
     assert throughput == sorted(throughput, reverse=True)
-    left_out = text.split("## Left out")[1]
+    # The record lists every configuration left out (the printed advice one line per reason).
+    left_out = (out / "advice.md").read_text().split("## Left out")[1]
     lines = [line for line in left_out.splitlines() if line.startswith("- ")]
     assert lines and all(re.match(r"- .+?: \S.{20,}", line) for line in lines)  # every exclusion has its reason
     # Nothing ranks where it cannot run: one-process, one-node and asynchronous strategies are left out,
@@ -102,7 +103,8 @@ def test_hogwild_beyond_one_node_is_left_out_with_the_reason(tmp_path):
     proc = _run(["recipes/quickstart.yaml", "--nodes", "2", "--per-node", "2", "--hardware", "a100",
                  "--strategies", "hogwild,ddp", "--out", str(tmp_path / "a")], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert re.search(r"^- hogwild: .*launch.nodes=2", proc.stdout, re.M)
+    assert re.search(r"^- 1 configuration \(hogwild\): .*launch.nodes=2", proc.stdout, re.M)
+    assert re.search(r"^- hogwild: .*launch.nodes=2", (tmp_path / "a" / "advice.md").read_text(), re.M)
     assert "| 1 | ddp |" in proc.stdout
 
 

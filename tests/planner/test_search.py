@@ -135,14 +135,14 @@ def test_the_search_checkpoints_then_accumulates_to_fit_and_says_why_it_gives_up
     h100 = hardware.preset("h100")
     raw = {**RAW, "training": {**RAW["training"], "batch_size": 4096}}
     specs = [("ddp", {"name": "ddp"})]
-    roomy = search.search(raw, 1, 2, h100, 2**40, strategies=specs, refine=0, progress=lambda _: None)
+    roomy = search.search(raw, 1, 2, h100, 2**40, strategies=specs, fake=False, progress=lambda _: None)
     assert roomy[0].accumulation == 1 and not roomy[0].checkpointing and not roomy[0].excluded
     peak = roomy[0].profile.peak_bytes
     # A memory between the peaks with and without accumulation: the search accumulates.
-    tight = search.search(raw, 1, 2, h100, int(peak * 0.97), strategies=specs, refine=0, progress=lambda _: None)
+    tight = search.search(raw, 1, 2, h100, int(peak * 0.97), strategies=specs, fake=False, progress=lambda _: None)
     assert not tight[0].excluded and tight[0].accumulation > 1, tight[0].excluded
     assert f"training.grad_accumulation={tight[0].accumulation}" in tight[0].overrides
-    none = search.search(raw, 1, 2, h100, 1024, strategies=specs, refine=0, progress=lambda _: None)
+    none = search.search(raw, 1, 2, h100, 1024, strategies=specs, fake=False, progress=lambda _: None)
     assert none[0].excluded.startswith("does not fit:") and "GiB available" in none[0].excluded
 
 

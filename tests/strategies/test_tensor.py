@@ -1,5 +1,6 @@
-"""Tensor parallelism (the mlp and the transformer) and data x tensor on a 2-D mesh train exactly
-like one process; degrees and models it cannot split are refused in one line."""
+"""Tensor parallelism (the mlp, the transformer and the Llama, in torchtitan's layout) and data x
+tensor on a 2-D mesh train exactly like one process; degrees and models it cannot split are
+refused in one line."""
 import math
 
 import pytest
@@ -9,6 +10,7 @@ from suite.common.errors import SuiteError
 from suite.strategies import tensor
 from suite.record.run_record import read_json
 from tests.parity import assert_matches, make_recipe, step_losses
+from tests.strategies.test_llama import LLAMA
 
 LANGUAGE = {
     "model": {"name": "transformer", "dim": 32, "heads": 4, "layers": 2},
@@ -22,9 +24,15 @@ def mlp_baseline(baseline):
     return baseline
 
 
+@pytest.fixture(params=["transformer", "llama"])
+def language(request):
+    """The sections of a language model tensor parallelism has a layout for."""
+    return {"transformer": LANGUAGE, "llama": LLAMA}[request.param]
+
+
 @pytest.fixture
-def transformer_baseline(baseline_of):
-    single = baseline_of(make_recipe({"name": "single"}, **LANGUAGE))
+def transformer_baseline(baseline_of, language):
+    single = baseline_of(make_recipe({"name": "single"}, **language))
     return single.losses, single.summary
 
 
@@ -34,26 +42,26 @@ def test_mlp_matches_single_process_at_tp_2(mlp_baseline, tmp_path):
 
 
 @pytest.mark.parity
-def test_transformer_matches_single_process_at_tp_2(transformer_baseline, tmp_path):
-    assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2, **LANGUAGE), tmp_path),
+def test_transformer_matches_single_process_at_tp_2(transformer_baseline, language, tmp_path):
+    assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2, **language), tmp_path),
                    transformer_baseline[0])
     whole = transformer_baseline[1]["ranks"][0]["held_bytes"]["parameters"]
     for rank in read_json(tmp_path / "summary.json")["ranks"]:
-        # Attention and MLP weights are split in two; embeddings, norms and head are not.
+        # Attention and MLP (feed-forward) weights are split in two; embeddings, norms and head are not.
         assert whole / 2 < rank["held_bytes"]["parameters"] < whole
 
 
 @pytest.mark.parity
-def test_transformer_matches_single_process_at_dp_2_x_tp_2(transformer_baseline, tmp_path):
-    recipe = make_recipe({"name": "tensor", "dp": 2}, world_size=4, **LANGUAGE)
+def test_transformer_matches_single_process_at_dp_2_x_tp_2(transformer_baseline, language, tmp_path):
+    recipe = make_recipe({"name": "tensor", "dp": 2}, world_size=4, **language)
     assert_matches(step_losses(recipe, tmp_path), transformer_baseline[0])
     summary = read_json(tmp_path / "summary.json")
     assert summary["dp_size"] == 2
 
 
-def test_language_runs_report_tokens_per_s(transformer_baseline):
+def test_language_runs_report_tokens_per_s(transformer_baseline, language):
     summary = transformer_baseline[1]
-    assert math.isclose(summary["tokens_per_s"], summary["samples_per_s"] * LANGUAGE["data"]["seq_len"])
+    assert math.isclose(summary["tokens_per_s"], summary["samples_per_s"] * language["data"]["seq_len"])
 
 
 def test_the_comparison_catches_tp_ranks_reading_different_batches(mlp_baseline, tmp_path, monkeypatch):
