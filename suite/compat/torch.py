@@ -115,6 +115,29 @@ def storage_key(tensor):
 
 # ---- the planner's fake run (suite/planner/fake_run.py) ------------------------------------------
 
+def fake_scalars():
+    """A dispatch mode, entered inside the fake tensor mode, that answers a read of a fake
+    tensor's value (``.item()``, ``bool(t)``: ``aten._local_scalar_dense``, which fake tensors
+    refuse): False, 0 for an integer, 1.0 for a float. DeepSpeed reads values during its step to
+    decide whether to skip it (a gradient norm that is not finite, an fp16 overflow flag) and by
+    how much to clip, and Adam reads its step count (1.0: its bias correction divides by
+    1 - beta ** step); these answers mean "finite, no overflow", the step a real run takes, so
+    the step runs through and what it holds and sends is counted. Checked on 2.14.1."""
+    import torch  # start-up: loads torch only when this runs
+
+    scalar = torch.ops.aten._local_scalar_dense.default
+
+    class FakeScalars(dispatch_mode_class()):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is scalar:
+                dtype = args[0].dtype
+                return False if dtype == torch.bool else 1.0 if dtype.is_floating_point else 0
+            return func(*args, **(kwargs or {}))
+
+    return FakeScalars()
+
+
+
 def fake_store():
     """The store of torch's ``fake`` process group backend (every collective returns at once,
     nothing is sent); it lives in torch's test utilities. Checked on 2.14.1."""

@@ -32,6 +32,7 @@ from contextlib import ExitStack
 import torch
 import torch.distributed as dist
 
+from suite.compat import deepspeed as deepspeed_compat
 from suite.compat import torch as torch_compat
 from suite.models import empty
 from suite.planner import analytic
@@ -97,6 +98,9 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
         mode = stack.enter_context(torch_compat.fake_tensor_mode(allow_non_fake_inputs=True))
+        stack.enter_context(torch_compat.fake_scalars())  # DeepSpeed reads a norm and overflow flags
+        if "deepspeed" in getattr(recipe.strategy, "warm_imports", ()):
+            stack.enter_context(deepspeed_compat.fake_friendly())
         build = setup.build_model  # a constructor that computes with real values: built outside the mode
         setup.build_model = lambda: empty.as_fake(build, mode, torch_compat.unset_fake_temporarily)
         stack.enter_context(prepare.default_dtype(recipe.training.precision))  # fp64: as the rank builds
