@@ -30,7 +30,7 @@ from torch import nn
 from suite.data import DataSpec
 from suite.common.errors import SuiteError
 
-_MODULES = ["mlp", "cnn", "vgg", "resnet", "mobilenet", "autoencoder", "transformer", "unet", "segnet", "nbow", "seq2seq", "custom"]
+_MODULES = ["mlp", "cnn", "vgg", "resnet", "mobilenet", "autoencoder", "transformer", "llama", "unet", "segnet", "nbow", "seq2seq", "custom"]
 MODELS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.models.{_m}")

@@ -27,6 +27,11 @@ class ModelOptions(BaseModel):
     def factory_kwargs(self) -> dict:
         return {k: getattr(self, k) for k in type(self).model_fields if k != "name"}
 
+    def flops_per_token(self, model, seq_len: int) -> int | None:
+        """Training FLOPs per token by the formula the field reports this model's MFU with, or None:
+        counted by running the model (``suite.models.flops``). ``model``: built on the meta device."""
+        return None
+
     def calls_with_spec(self) -> bool:
         """Whether the factory takes the data's spec first (every built-in); a custom target may be
         a library's constructor instead, called with the keyword arguments alone (``models/custom.py``)."""

@@ -6,6 +6,10 @@ data), runs one forward and backward pass over a global batch under
 arithmetic, independent of how a strategy splits it: the optimizer update and the strategy's
 communication are not counted, nor recomputation (activation checkpointing would add work
 that is not counted either, which is the usual MFU convention).
+
+A model whose options give ``flops_per_token`` (the Llama family: 6N + attention, as torchtitan
+and PaLM report MFU) is counted by that formula instead, over the batch's tokens, so that its MFU
+compares with the published figures.
 """
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ def train_step_flops(recipe) -> int | None:
     try:
         with torch.random.fork_rng(devices=[]):
             model = on_meta(lambda: build_model(recipe.model, spec))
+            per_token = recipe.model.flops_per_token(model, spec.input_shape[-1])
+            if per_token is not None:
+                return int(per_token * batch * spec.input_shape[-1])
             with torch.device("meta"):
                 inputs = torch.zeros(batch, *spec.input_shape, dtype=dtype)  # values do not matter
                 counter = FlopCounterMode(display=False)

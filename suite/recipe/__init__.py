@@ -55,7 +55,9 @@ class Training(Strict):
     # fp64: float64 parameters, inputs and arithmetic, for parity checks that rounding order
     # cannot decide (suite.verify, tests); not a training mode for speed
     precision: Literal["fp32", "bf16", "fp16", "fp64"] = "fp32"
-    activation_checkpointing: bool = False  # recompute each top-level block's activations in backward
+    # Recompute each top-level block's activations in backward: true (all of them) or selective
+    # (all but attention's and every other matmul's outputs: torchtitan's selective op checkpointing)
+    activation_checkpointing: Union[bool, Literal["selective"]] = False
     compile: bool = False  # torch.compile each top-level block (needs a C++ compiler on CPU)
     # Batch norm over the global batch under data parallelism, as single computes it (else per rank)
     sync_batchnorm: bool = True

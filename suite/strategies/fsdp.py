@@ -23,7 +23,7 @@ from pydantic import PositiveInt
 
 from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
-from suite.strategies import costs
+from suite.strategies import costs, splitting
 from suite.strategies.base import ModuleEngine, StrategyOptions
 
 
@@ -104,12 +104,14 @@ def without_inplace(model: torch.nn.Module) -> None:
 
 
 def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) -> torch.nn.Module:
-    """Shard each top-level block, then the root (which takes whatever is left)."""
+    """Shard each top-level block, then the root (which takes whatever is left: also blocks that
+    share a parameter with another, such as a tied embedding and head, which no unit may own alone)."""
     from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
 
     without_inplace(model)
-    for block in model.children():
-        if any(p.requires_grad for p in block.parameters()):
+    shared = splitting.shared_blocks(model)
+    for name, block in model.named_children():
+        if name not in shared and any(p.requires_grad for p in block.parameters()):
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     # A Linear on [B, T, D] returns a view, which FSDP2 warns about in case the caller edits it
     # in place; the next block no longer does (without_inplace) and the loss (suite.models.task)

@@ -19,7 +19,7 @@ from typing import ClassVar, Literal
 
 
 from suite.compat import torch as torch_compat
-from suite.strategies import costs
+from suite.strategies import costs, splitting
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
 
@@ -70,8 +70,9 @@ def build(opts: Options, setup) -> FSDP1Engine:
     model = setup.prepare(setup.build_model().to(device))
     sharding = {"full": ShardingStrategy.FULL_SHARD, "grad_op": ShardingStrategy.SHARD_GRAD_OP}[opts.sharding]
     kwargs = dict(sharding_strategy=sharding, device_id=device, use_orig_params=True)
+    shared = splitting.shared_blocks(model)  # a tied embedding and head: left to the root's unit
     for name, block in model.named_children():
-        if any(p.requires_grad for p in block.parameters()):
+        if name not in shared and any(p.requires_grad for p in block.parameters()):
             model.register_module(name, FSDP(block, **kwargs))
     # The root's full state_dict (FSDP1's default) has the model's own keys, gathered on every rank.
     return FSDP1Engine(setup, FSDP(model, **kwargs))

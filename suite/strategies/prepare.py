@@ -18,6 +18,13 @@ torchtitan, and leave parameter names and ``state_dict`` keys unchanged, so chec
 either way: checkpointing replaces the block's ``forward`` on the instance, compiling uses
 ``nn.Module.compile`` (in place; ``torch.compile(module)`` would prefix every key with ``_orig_mod.``).
 
+``training.activation_checkpointing: selective`` is torchtitan's selective *op* checkpointing
+(its default for the published Llama 3 runs): each block is still recomputed in backward, but the
+outputs of the expensive operators are kept rather than recomputed: attention (every SDPA
+kernel), every other matrix multiply, and reduce-scatters; the elementwise operators (norms,
+activations, rotary positions) and the other half of the matmuls run again. It trades some of
+full checkpointing's memory saving for about half its recomputation.
+
 ``training.sync_batchnorm`` (default true) comes first: with more than one data-parallel rank,
 every batch-norm layer computes its statistics over the global batch
 (``suite.strategies.batchnorm``; same parameters, buffers and keys), so that data-parallel runs
@@ -31,14 +38,16 @@ import shutil
 import types
 from contextlib import contextmanager, nullcontext
 
+from collections import defaultdict
+
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from suite.common.errors import SuiteError
 
 
-def prepare(model: nn.Module, *, activation_checkpointing: bool, compile: bool, device: torch.device,
+def prepare(model: nn.Module, *, activation_checkpointing: bool | str, compile: bool, device: torch.device,
             batchnorm_group=None) -> nn.Module:
     """``model`` with the cross-cutting options applied to each top-level block, in place;
     with a ``batchnorm_group``, its batch-norm layers first compute their statistics over that
@@ -50,7 +59,7 @@ def prepare(model: nn.Module, *, activation_checkpointing: bool, compile: bool, 
     blocks = [b for b in model.children() if any(True for _ in b.parameters())]
     if activation_checkpointing:
         for block in blocks:
-            checkpoint_block(block)
+            checkpoint_block(block, selective=activation_checkpointing == "selective")
     if compile:
         require_compiler(device.type)
         for block in blocks:
@@ -58,17 +67,50 @@ def prepare(model: nn.Module, *, activation_checkpointing: bool, compile: bool, 
     return model
 
 
-def checkpoint_block(block: nn.Module) -> None:
-    """Recompute the block's activations in backward instead of keeping them. Non-reentrant:
-    the reentrant variant runs backward outside autograd's graph, which DDP's hooks miss (it
-    fails, or with static graphs trains wrong) and which drops gradients of inputs without
-    ``requires_grad``. A bound method, so ``copy.deepcopy`` of the model binds the copy."""
-    block.forward = types.MethodType(_checkpointed_forward, block)
+def checkpoint_block(block: nn.Module, selective: bool = False) -> None:
+    """Recompute the block's activations in backward instead of keeping them (``selective``: all
+    but the operators ``SAVED`` keeps, see the module doc). Non-reentrant: the reentrant variant
+    runs backward outside autograd's graph, which DDP's hooks miss (it fails, or with static
+    graphs trains wrong) and which drops gradients of inputs without ``requires_grad``, and
+    selective checkpointing needs it. A bound method, so ``copy.deepcopy`` of the model binds the copy."""
+    block.forward = types.MethodType(_selective_forward if selective else _checkpointed_forward, block)
 
 
 def _checkpointed_forward(self, *args, **kwargs):
     # type(self).forward: the class's own forward (FSDP2 swaps the class for a subclass of it).
     return checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
+
+
+def _selective_forward(self, *args, **kwargs):
+    return checkpoint(type(self).forward, self, *args, use_reentrant=False, context_fn=_selective_contexts, **kwargs)
+
+
+def _saved_ops() -> set:
+    """torchtitan's ``_save_list``: the operators whose outputs selective checkpointing keeps
+    (those this torch has), the matmuls then every other one."""
+    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+    names = [(aten, "mm"), (aten, "_scaled_dot_product_efficient_attention"),
+             (aten, "_scaled_dot_product_flash_attention"), (aten, "_scaled_dot_product_cudnn_attention"),
+             (aten, "_scaled_dot_product_flash_attention_for_cpu"), (c10d, "reduce_scatter_tensor"), (aten, "max")]
+    return {getattr(ns, name).default for ns, name in names if hasattr(ns, name)}
+
+
+SAVED = _saved_ops()
+
+
+def _selective_contexts():
+    """A fresh count of matmuls per checkpointed call (forward and recomputation counted apart,
+    so both agree on which matmuls were kept): odd ones kept, even ones recomputed."""
+    matmuls = defaultdict(int)
+
+    def policy(ctx, op, *args, **kwargs):
+        is_mm = op == torch.ops.aten.mm.default
+        if is_mm:
+            matmuls[ctx.is_recompute] += 1
+        keep = op in SAVED and not (is_mm and matmuls[ctx.is_recompute] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def require_compiler(device_type: str) -> None:

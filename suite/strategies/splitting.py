@@ -129,7 +129,21 @@ def check_sequential(model: nn.Module, strategy: str, source: str) -> None:
     why = getattr(model, "not_splittable_because", None)
     if why:
         raise SuiteError(f"{strategy} cannot split {source}: {why}; use ddp, fsdp or zero")
+    if shared_blocks(model):
+        raise SuiteError(f"{strategy} cannot split {source}: its top-level blocks share parameters (a tied "
+                         f"embedding and output head), which parts on different ranks would update apart; "
+                         f"untie them (model.tie_embeddings=false), or use ddp, fsdp or zero")
     if not isinstance(model, nn.Sequential):
         raise SuiteError(f"{strategy} splits the model between top-level blocks of an nn.Sequential; "
                          f"{source} returns {type(model).__name__}; return an nn.Sequential of blocks, "
                          f"or use ddp/fsdp/zero")
+
+
+def shared_blocks(model: nn.Module) -> set[str]:
+    """Names of the top-level blocks holding a parameter that another top-level block holds too
+    (a tied embedding and output head): no wrapper or cut may treat such a block as its own unit."""
+    holders: dict[int, set[str]] = {}
+    for name, block in model.named_children():
+        for param in block.parameters():
+            holders.setdefault(id(param), set()).add(name)
+    return {name for names in holders.values() if len(names) > 1 for name in names}

@@ -11,6 +11,8 @@ DTensor (DDP does not: it fails on DTensor parameters).
 
 A model gets tensor parallelism by having a layout here: one short function from the model to
 ``{module path: ColwiseParallel() | RowwiseParallel()}``, refusing degrees it cannot split by.
+The transformers' layouts are each block's linear layers by name (``BLOCK_ROLES``), Megatron's
+and torchtitan's: the layers that open a pair column-wise, the ones that close it row-wise.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
 from suite.strategies import costs, fsdp
 from suite.strategies.base import ModuleEngine, StrategyOptions
+from suite.models import llama
 from suite.models.transformer import Block
 
 
@@ -40,12 +43,22 @@ def roles(model_name: str, linear_names: list[str]) -> dict[str, str]:
     if model_name == "mlp":  # in pairs, column-wise then row-wise; an unpaired last layer stays whole
         pairs = zip(linear_names[0:-1:2], linear_names[1::2])
         return {name: role for first, second in pairs for name, role in ((first, "colwise"), (second, "rowwise"))}
-    if model_name == "transformer":  # per block: q/k/v and MLP up column-wise, out and MLP down row-wise
-        ends = {"attention.q": "colwise", "attention.k": "colwise", "attention.v": "colwise", "mlp.up": "colwise",
-                "attention.out": "rowwise", "mlp.down": "rowwise"}
+    ends = BLOCK_ROLES.get(model_name)
+    if ends:  # per block (a top-level child numbered in the Sequential), by the layer's name
         return {name: ends[end] for name in linear_names for end in ends
                 if name.endswith("." + end) and name.split(".")[0].isdigit()}
     return {}
+
+
+# Per block: attention's q/k/v and the feed-forward's first layer(s) column-wise, attention's
+# output and the feed-forward's last layer row-wise (the llama layout is torchtitan's parallelize).
+BLOCK_ROLES = {
+    "transformer": {"attention.q": "colwise", "attention.k": "colwise", "attention.v": "colwise",
+                    "mlp.up": "colwise", "attention.out": "rowwise", "mlp.down": "rowwise"},
+    "llama": {"attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise",
+              "feed_forward.w1": "colwise", "feed_forward.w3": "colwise",
+              "attention.wo": "rowwise", "feed_forward.w2": "rowwise"},
+}
 
 
 def _linears(model: torch.nn.Module) -> dict:
@@ -81,7 +94,24 @@ def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
             for name, role in roles("transformer", list(_linears(model))).items()}
 
 
-PLANS = {"mlp": mlp_plan, "transformer": transformer_plan}
+def llama_plan(model: torch.nn.Module, tp: int) -> dict:
+    """torchtitan's layout without sequence parallelism: per block wq/wk/wv and w1/w3 column-wise
+    (each rank computes heads/tp query heads and kv_heads/tp key/value heads, whole, and its
+    slice of the SwiGLU width), wo and w2 row-wise. Embedding, norms and head stay replicated."""
+    # start-up: loads torch only when this runs
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    for block in model.children():
+        if isinstance(block, llama.Block):
+            attention = block.attention
+            _require_divisible("model.heads", attention.wq.out_features // attention.head_dim, tp)
+            _require_divisible("model.kv_heads", attention.wk.out_features // attention.head_dim, tp)
+            _require_divisible("the feed-forward width (model.ffn_dim)", block.feed_forward.w1.out_features, tp)
+    return {name: ColwiseParallel() if role == "colwise" else RowwiseParallel()
+            for name, role in roles("llama", list(_linears(model))).items()}
+
+
+PLANS = {"mlp": mlp_plan, "transformer": transformer_plan, "llama": llama_plan}
 
 
 class Options(StrategyOptions):
