@@ -113,6 +113,33 @@ def storage_key(tensor):
     return require_attr(storage, "_cdata", lib=LIB, what="the address of a storage's StorageImpl")
 
 
+@contextmanager
+def fused_attention():
+    """``F.scaled_dot_product_attention`` (no mask, no dropout) run as one fused flash-attention
+    operator, ``aten._scaled_dot_product_flash_attention_for_cpu``, whatever the device: on the
+    meta device torch picks the math path, which materialises the sequence x sequence scores that
+    a GPU's flash / memory-efficient kernels never hold. The fused operator keeps what they keep
+    (the output and a float32 log-sum-exp per row, grouped key/value heads unexpanded) and counts
+    as one kernel (``suite.planner.gpu_ops``). The planner enters it when it plans for a GPU. The
+    module attribute is replaced, not a function mode's: checkpointing recomputes outside modes.
+    Checked on 2.14.1."""
+    import torch  # start-up: loads torch only when this runs
+    import torch.nn.functional as F  # start-up: loads torch only when this runs
+
+    flash, plain = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, F.scaled_dot_product_attention
+
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None or dropout_p:
+            return plain(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return flash(query, key, value, 0.0, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = plain
+
+
 # ---- the planner's fake run (suite/planner/fake_run.py) ------------------------------------------
 
 def fake_scalars():

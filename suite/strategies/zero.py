@@ -27,7 +27,9 @@ OVERLAP = {
     2: costs.Overlap(why="as stage 1: nothing hidden"),
     3: costs.Overlap({"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
                      "parameters are prefetched (all-gathered) ahead of the layer that needs them and "
-                     "gradients reduce-scattered behind backward: half assumed hidden under forward + backward"),
+                     "gradients reduce-scattered behind backward: half assumed hidden under forward + backward "
+                     "(on a GPU's collective stream: all but the first gather and the last reduction)",
+                     gpu_stream=("all_gather", "reduce_scatter")),
 }
 
 

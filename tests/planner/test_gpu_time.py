@@ -1,0 +1,71 @@
+"""A GPU's time per operator (suite.planner.gpu_ops) and its memory (fused attention, the
+compute dtype) on a preset, and the published run the issue names: torchtitan's Llama 3.1 8B
+under FSDP on 8 H100."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from suite.compat import torch as torch_compat
+from suite.planner import gpu_ops, hardware
+from suite.planner.counting import LiveBytes, OpCosts
+
+H100 = hardware.preset("h100")["compute"]
+
+
+def test_a_large_gemm_runs_at_the_sustained_share_of_peak_and_a_skinny_one_at_memory_bandwidth():
+    big = gpu_ops.matmul_s(H100, 1, 8192, 8192, 8192, 2, "bf16")
+    # 64 x 64 tiles of 128 over 132 multiprocessors: 32 waves, the last one part full
+    assert 2 * 8192**3 / big == pytest.approx(989e12 * H100["gemm_efficiency"] * 4096 / (32 * 132), rel=1e-9)
+    # one row: 2 x 8192^2 FLOPs, but the 128 MiB matrix must be read: memory-bound
+    skinny = gpu_ops.matmul_s(H100, 1, 1, 8192, 8192, 2, "bf16")
+    assert skinny == pytest.approx(8192 * 8192 * 2 / (H100["memory_bytes_per_s"] * H100["memory_efficiency"]), rel=0.01)
+    # 132 tiles fill one wave; one tile more takes a second wave
+    one_wave = gpu_ops.matmul_s(H100, 1, 12 * 128, 11 * 128, 8192, 2, "bf16")  # 132 tiles: one wave
+    assert gpu_ops.matmul_s(H100, 1, 12 * 128, 12 * 128, 8192, 2, "bf16") == pytest.approx(2 * one_wave, rel=1e-9)
+
+
+def test_attention_on_a_gpu_runs_fused_holds_no_score_matrix_and_is_counted_as_one_kernel():
+    b, h, s, d = 2, 8, 1024, 64
+    with torch_compat.fused_attention(), torch.device("meta"):
+        q = torch.randn(b, h, s, d, dtype=torch.bfloat16, requires_grad=True)
+        live, ops = LiveBytes(), OpCosts()
+        with live, ops:
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    scores = b * h * s * s * 2
+    assert live.peak < scores / 2  # the math path holds b x h x s x s scores (and their softmax)
+    assert sorted(k[6] for k in ops.attention) == [False, True]  # one forward, one backward kernel
+    assert not ops.matmuls
+    t = gpu_ops.time_s(ops.summary(), H100, "bf16")
+    flops = 4 * b * h * s * s * d * 0.5
+    expected = flops / (989e12 * H100["attention_efficiency"]["forward"]) \
+        + 2.5 * flops / (989e12 * H100["attention_efficiency"]["backward"])
+    assert t["attention"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_every_gpu_preset_says_it_is_from_specs_and_prices_operators():
+    for name in ("h100", "h200", "a100", "a100_40gb"):
+        p = hardware.preset(name)
+        assert p["from_specs"] and "data sheet" in p["source"]
+        assert p["compute"]["memory_bytes_per_s"] > 1e12 and p["compute"]["sm_count"] > 100
+        assert any("priced one by one" in a for a in p["assumptions"])
+    assert hardware.preset("h200")["memory_bytes"] > hardware.preset("h100")["memory_bytes"]
+
+
+def test_torchtitans_llama3_8b_fsdp_on_8_h100_fits_and_is_predicted_within_15_percent():
+    """Published: 5,762 tokens/s per GPU (bf16, local batch 2, sequence 8,192, selective
+    checkpointing; 96 GB HBM2e H100s: their profile file in benchmarks/profiles)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from published_runs import ROWS
+    from sections.published import predict
+
+    row = ROWS[0]
+    assert row["tokens_per_s_per_gpu"] == 5762
+    got = predict(row)
+    assert got["step"]["rate"].startswith("the step's operators priced one by one")
+    assert abs(got["tokens_per_s_per_gpu"] / 5762 - 1) <= 0.15, got["tokens_per_s_per_gpu"]
+    assert got["memory_gib"] * 2**30 < hardware.load(row["hardware"])["memory_bytes"]  # it fits
