@@ -61,23 +61,27 @@ _A100_PEAK = {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "fp64": 19.5e12}
 _NVLINK4, _NVLINK3 = ("NVLink 4 / NVSwitch", 450 * GB, 10e-6), ("NVLink 3 / NVSwitch", 300 * GB, 10e-6)
 _NDR, _HDR = ("InfiniBand NDR 400 Gb/s", 50 * GB, 20e-6), ("InfiniBand HDR 200 Gb/s", 25 * GB, 20e-6)
 
+
+def _preset(device: str, memory_bytes: int, hopper: bool, bandwidth: float, source: str) -> dict:
+    """A DGX/HGX node of 8 GPUs of one generation: Hopper (H100, H200: NVLink 4, NDR) or Ampere
+    (A100: NVLink 3, HDR)."""
+    return {"device": device, "memory_bytes": memory_bytes, "per_node": 8,
+            "peak": _H100_PEAK if hopper else _A100_PEAK,
+            "gpu": {"memory_bytes_per_s": bandwidth, "sm_count": 132 if hopper else 108,
+                    **(_HOPPER if hopper else _AMPERE), **_KERNELS},
+            "intra": _NVLINK4 if hopper else _NVLINK3, "inter": _NDR if hopper else _HDR, "source": source}
+
+
 PRESETS = {
-    "h100": {"device": "NVIDIA H100 SXM5 80 GB", "memory_bytes": 80 * 2**30, "per_node": 8, "peak": _H100_PEAK,
-             "gpu": {"memory_bytes_per_s": 3.35e12, "sm_count": 132, **_HOPPER, **_KERNELS},
-             "intra": _NVLINK4, "inter": _NDR,
-             "source": "NVIDIA H100 Tensor Core GPU data sheet (SXM5: HBM3 3.35 TB/s, 132 SMs); DGX H100 user guide"},
-    "h200": {"device": "NVIDIA H200 SXM 141 GB", "memory_bytes": 141 * 10**9, "per_node": 8, "peak": _H100_PEAK,
-             "gpu": {"memory_bytes_per_s": 4.8e12, "sm_count": 132, **_HOPPER, **_KERNELS},
-             "intra": _NVLINK4, "inter": _NDR,
-             "source": "NVIDIA H200 Tensor Core GPU data sheet (SXM: HBM3e 141 GB, 4.8 TB/s); HGX H200 (8 GPUs, NVSwitch)"},
-    "a100": {"device": "NVIDIA A100 SXM4 80 GB", "memory_bytes": 80 * 2**30, "per_node": 8, "peak": _A100_PEAK,
-             "gpu": {"memory_bytes_per_s": 2.039e12, "sm_count": 108, **_AMPERE, **_KERNELS},
-             "intra": _NVLINK3, "inter": _HDR,
-             "source": "NVIDIA A100 Tensor Core GPU data sheet (SXM4 80 GB: HBM2e 2,039 GB/s, 108 SMs); DGX A100 user guide"},
-    "a100_40gb": {"device": "NVIDIA A100 SXM4 40 GB", "memory_bytes": 40 * 2**30, "per_node": 8, "peak": _A100_PEAK,
-                  "gpu": {"memory_bytes_per_s": 1.555e12, "sm_count": 108, **_AMPERE, **_KERNELS},
-                  "intra": _NVLINK3, "inter": _HDR,
-                  "source": "NVIDIA A100 Tensor Core GPU data sheet (SXM4 40 GB: HBM2 1,555 GB/s, 108 SMs); DGX A100 user guide"},
+    "h100": _preset("NVIDIA H100 SXM5 80 GB", 80 * 2**30, True, 3.35e12,
+                    "NVIDIA H100 Tensor Core GPU data sheet (SXM5: HBM3 3.35 TB/s, 132 SMs); DGX H100 user guide"),
+    "h200": _preset("NVIDIA H200 SXM 141 GB", 141 * 10**9, True, 4.8e12,
+                    "NVIDIA H200 Tensor Core GPU data sheet (SXM: HBM3e 141 GB, 4.8 TB/s); HGX H200 (8 GPUs, NVSwitch)"),
+    "a100": _preset("NVIDIA A100 SXM4 80 GB", 80 * 2**30, False, 2.039e12,
+                    "NVIDIA A100 Tensor Core GPU data sheet (SXM4 80 GB: HBM2e 2,039 GB/s, 108 SMs); DGX A100 user guide"),
+    "a100_40gb": _preset("NVIDIA A100 SXM4 40 GB", 40 * 2**30, False, 1.555e12,
+                         "NVIDIA A100 Tensor Core GPU data sheet (SXM4 40 GB: HBM2 1,555 GB/s, 108 SMs); DGX A100 "
+                         "user guide"),
 }
 LINK_CLASSES = ("intra", "inter")
 
