@@ -98,8 +98,10 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
         mode = stack.enter_context(torch_compat.fake_tensor_mode(allow_non_fake_inputs=True))
-        stack.enter_context(torch_compat.fake_scalars())  # DeepSpeed reads a norm and overflow flags
         if "deepspeed" in getattr(recipe.strategy, "warm_imports", ()):
+            # DeepSpeed reads a norm and overflow flags in its step: answered "finite, no overflow";
+            # any other strategy that reads a value still fails, and takes its rule.
+            stack.enter_context(torch_compat.fake_scalars())
             stack.enter_context(deepspeed_compat.fake_friendly())
         build = setup.build_model  # a constructor that computes with real values: built outside the mode
         setup.build_model = lambda: empty.as_fake(build, mode, torch_compat.unset_fake_temporarily)
