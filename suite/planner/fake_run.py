@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,7 @@ from suite.compat import deepspeed as deepspeed_compat
 from suite.compat import torch as torch_compat
 from suite.models import empty
 from suite.planner import analytic
-from suite.planner.counting import Collectives, LiveBytes, fake_batch
+from suite.planner.counting import Collectives, LiveBytes, OpCosts, fake_batch
 from suite.planner.profile import StepProfile
 from torch.nn.parallel import DistributedDataParallel
 import multiprocessing
@@ -86,6 +86,8 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     from suite.strategies.context import DistContext
     # start-up: loads torch, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
+    # start-up: loads torch, suite.train only when this runs
+    from suite.train.dist import uses_cuda
 
     recipe = at_world(recipe, world_size)
     if not dist.is_initialized():
@@ -115,7 +117,8 @@ def profile_step(recipe, world_size: int) -> StepProfile:
         engine.train_step(inputs, targets)  # creates the optimizer state
         start = built.alive_now()
         comm, live, flops = Collectives(), LiveBytes(), FlopCounterMode(display=False)
-        with flops, live, comm:
+        ops = OpCosts() if uses_cuda(recipe.launch.device) else nullcontext()  # priced on a GPU profile
+        with flops, live, comm, ops:
             engine.train_step(inputs, targets)
         held = {k: int(v) for k, v in engine.held_bytes().items()}
     notes = []
@@ -131,7 +134,9 @@ def profile_step(recipe, world_size: int) -> StepProfile:
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
                        comm_sizes=comm.sizes,
                        data_comm=data_comm, copy_bytes=analytic.copy_bytes(recipe, comm.bytes, data_comm),
-                       source="fake", notes="; ".join(notes))
+                       source="fake", notes="; ".join(notes),
+                       # this rank's own operators, its optimizer's update on its shard among them
+                       ops={"passes": ops.summary(), "update": {}} if isinstance(ops, OpCosts) else {})
 
 
 # ---- one (strategy, world size) per forked child ----------------------------------------------

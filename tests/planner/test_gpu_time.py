@@ -69,3 +69,24 @@ def test_torchtitans_llama3_8b_fsdp_on_8_h100_fits_and_is_predicted_within_15_pe
     assert got["step"]["rate"].startswith("the step's operators priced one by one")
     assert abs(got["tokens_per_s_per_gpu"] / 5762 - 1) <= 0.15, got["tokens_per_s_per_gpu"]
     assert got["memory_gib"] * 2**30 < hardware.load(row["hardware"])["memory_bytes"]  # it fits
+
+
+def test_the_fake_run_of_a_gpu_recipe_counts_its_ranks_own_operators():
+    """FSDP's fake step on a GPU recipe: its matmuls and fused attention counted for the GPU's
+    time, the optimizer's update on its shard among them."""
+    from suite import recipe as recipes
+    from suite.planner import fake_run
+
+    recipe = recipes.validate({
+        "name": "g", "model": {"name": "llama", "dim": 64, "layers": 2, "heads": 4, "kv_heads": 2},
+        "data": {"name": "synthetic_tokens", "vocab": 128, "seq_len": 64, "n_train": 64, "n_val": 16},
+        "strategy": {"name": "fsdp", "mixed_precision": "bf16"}, "optimizer": {"name": "adamw", "lr": 1e-3},
+        "training": {"batch_size": 8, "epochs": 1, "precision": "bf16"},
+        "launch": {"tasks_per_node": 2, "device": "cuda"}, "tracking": {"wandb": "disabled"}})
+    status, profile = fake_run.run_isolated(recipe, 2, timeout_s=240)
+    assert status == "ok" and profile.source == "fake", profile
+    passes = profile.ops["passes"]
+    assert {row[6] for row in passes["attention"]} == {False, True}  # forward and backward kernels, 2 layers
+    assert sum(row[-1] for row in passes["attention"]) == 4
+    assert passes["matmul"] and passes["memory"][0] > 0
+    assert gpu_ops.step_s(profile.ops, H100, "bf16")["total"] > 0
