@@ -90,3 +90,16 @@ def test_the_fake_run_of_a_gpu_recipe_counts_its_ranks_own_operators():
     assert sum(row[-1] for row in passes["attention"]) == 4
     assert passes["matmul"] and passes["memory"][0] > 0
     assert gpu_ops.step_s(profile.ops, H100, "bf16")["total"] > 0
+
+
+def test_fsdp2s_bf16_policy_gathers_two_byte_parameters_and_reduces_in_fp32():
+    from suite import recipe as recipes
+    from suite.planner import analytic, fake_run
+
+    raw = {"name": "m", "model": {"name": "mlp", "hidden": [64, 64]}, "data": {"name": "digits"},
+           "optimizer": {"name": "adamw", "lr": 1e-3}, "training": {"batch_size": 8, "epochs": 1},
+           "launch": {"tasks_per_node": 2}, "tracking": {"wandb": "disabled"}}
+    plain, mixed = (analytic.profile(fake_run.at_world(recipes.validate(
+        {**raw, "strategy": {"name": "fsdp", "mixed_precision": mp}}), 2), 2, "test") for mp in ("fp32", "bf16"))
+    assert mixed.comm_bytes["all_gather"] * 2 == plain.comm_bytes["all_gather"]
+    assert mixed.comm_bytes["reduce_scatter"] == plain.comm_bytes["reduce_scatter"]
