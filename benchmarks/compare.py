@@ -6,7 +6,7 @@ Sections (``--only``): overhead (suite vs a hand-written loop, and equal losses)
 tracking vs W&B disabled), pipeline (GPipe/1F1B bubble vs the formula), scaling (world 1 vs 2),
 memory (held bytes vs the dry run's prediction), startup (first step after the command, sweep cost
 per point), plan (the prediction each run records vs what it measured: held bytes, peak memory,
-step time), checkpoint (time per step with a save every 20 steps vs none), predict (step time on every model family, the calibration taken without a recipe). Targets are in ``benchmarks/README.md``; a missed one makes the exit code 1. ``--out``
+step time), checkpoint (time per step with a save every 20 steps vs none), predict (step time on every model family, the calibration taken without a recipe), published (published GPU training runs beside the planner's prediction on their hardware's profile). Targets are in ``benchmarks/README.md``; a missed one makes the exit code 1. ``--out``
 receives results.md (with the machine it ran on), every run record and the analysis report.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", 
             "slow_rank", "checkpoint"]
 # Only when --only names them: three studies' cpu profiles (about 25 min on 2 cores); the step-time
 # prediction over every model family and strategy (predict: about 2 hours, 13 min with --quick).
-OPTIONAL = ["studies", "predict"]
+# published: published GPU runs predicted on their hardware's profile (no run here; a few minutes).
+OPTIONAL = ["studies", "predict", "published"]
 
 
 def parse_args(argv):

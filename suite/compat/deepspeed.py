@@ -6,6 +6,7 @@ suite/strategies/_deepspeed.py.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from typing import NamedTuple
 
 from suite.compat import import_internal, incompatible, require_attr
@@ -91,6 +92,29 @@ _WRAPPERS = (
     _Wrapper("deepspeed.runtime.fp16.unfused_optimizer", "FP16_UnfusedOptimizer", frozenset({0}),
              "fp32_groups", ()),
 )
+
+
+# ZeRO-3's modules that check, by broadcasting rank 0's list and reading it back, that every rank
+# traced the same modules and parameters. Checked on 0.19.8.
+_RANKS_AGREE = ("deepspeed.runtime.zero.partitioned_param_coordinator", "deepspeed.runtime.zero.partition_parameters",
+                "deepspeed.runtime.zero.stage3")
+
+
+@contextmanager
+def fake_friendly():
+    """ZeRO-3's checks that the ranks agree (``assert_ints_same_as_other_ranks``: rank 0's list
+    broadcast and read back) skipped for the planner's fake run: it runs rank 0 alone under the
+    fake process group, so rank 0 agrees with itself, and the value read back from a fake tensor
+    is not the one broadcast. Checked on 0.19.8."""
+    modules = [import_internal(name, lib=LIB, what="ZeRO-3's rank agreement check") for name in _RANKS_AGREE]
+    saved = [(m, require_attr(m, "assert_ints_same_as_other_ranks", lib=LIB)) for m in modules]
+    for m, _ in saved:
+        m.assert_ints_same_as_other_ranks = lambda ints: None
+    try:
+        yield
+    finally:
+        for m, fn in saved:
+            m.assert_ints_same_as_other_ranks = fn
 
 
 def zero_stage(engine) -> int:

@@ -113,7 +113,57 @@ def storage_key(tensor):
     return require_attr(storage, "_cdata", lib=LIB, what="the address of a storage's StorageImpl")
 
 
+@contextmanager
+def fused_attention():
+    """``F.scaled_dot_product_attention`` (no mask, no dropout) run as one fused flash-attention
+    operator, ``aten._scaled_dot_product_flash_attention_for_cpu``, whatever the device: on the
+    meta device torch picks the math path, which materialises the sequence x sequence scores that
+    a GPU's flash / memory-efficient kernels never hold. The fused operator keeps what they keep
+    (the output and a float32 log-sum-exp per row, grouped key/value heads unexpanded) and counts
+    as one kernel (``suite.planner.gpu_ops``). The planner enters it when it plans for a GPU. The
+    module attribute is replaced, not a function mode's: checkpointing recomputes outside modes.
+    Checked on 2.14.1."""
+    import torch  # start-up: loads torch only when this runs
+    import torch.nn.functional as F  # start-up: loads torch only when this runs
+
+    flash, plain = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, F.scaled_dot_product_attention
+
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None or dropout_p:
+            return plain(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return flash(query, key, value, 0.0, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = plain
+
+
 # ---- the planner's fake run (suite/planner/fake_run.py) ------------------------------------------
+
+def fake_scalars():
+    """A dispatch mode, entered inside the fake tensor mode, that answers a read of a fake
+    tensor's value (``.item()``, ``bool(t)``: ``aten._local_scalar_dense``, which fake tensors
+    refuse): False, 0 for an integer, 1.0 for a float. DeepSpeed reads values during its step to
+    decide whether to skip it (a gradient norm that is not finite, an fp16 overflow flag) and by
+    how much to clip, and Adam reads its step count (1.0: its bias correction divides by
+    1 - beta ** step); these answers mean "finite, no overflow", the step a real run takes, so
+    the step runs through and what it holds and sends is counted. Checked on 2.14.1."""
+    import torch  # start-up: loads torch only when this runs
+
+    scalar = torch.ops.aten._local_scalar_dense.default
+
+    class FakeScalars(dispatch_mode_class()):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is scalar:
+                dtype = args[0].dtype
+                return False if dtype == torch.bool else 1.0 if dtype.is_floating_point else 0
+            return func(*args, **(kwargs or {}))
+
+    return FakeScalars()
+
+
 
 def fake_store():
     """The store of torch's ``fake`` process group backend (every collective returns at once,

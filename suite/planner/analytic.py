@@ -24,6 +24,9 @@ what libraries allocate for themselves beyond gloo's scratch for ZeRO's reductio
 """
 from __future__ import annotations
 
+import copy
+from contextlib import nullcontext
+
 from suite.planner.profile import StepProfile
 
 
@@ -37,6 +40,12 @@ def model_step(recipe) -> dict:
     created beyond what existed (its temporaries, the largest tensor's at a time: torch's
     optimizers step the tensors of a CPU model one by one).
 
+    On a GPU (``launch.device: cuda``, as the advisor plans for a preset) the step is the GPU's:
+    attention fused (``suite.compat.torch.fused_attention``: no score matrix), the passes in the
+    run's bf16/fp16 on a copy of the model in that dtype, the recipe's activation checkpointing
+    applied to each block (recomputed in backward), and its operators counted for the GPU's time
+    (``ops``: ``suite.planner.counting.OpCosts``, priced by ``suite.planner.gpu_ops``).
+
     The meta device rather than FakeTensorMode: a backward under FakeTensorMode starts autograd's
     device threads, after which a process can no longer fork ranks that train (a run's rank 0,
     a test process); one on the meta device does not."""
@@ -44,25 +53,37 @@ def model_step(recipe) -> dict:
     from torch.utils.flop_counter import FlopCounterMode  # start-up: loads torch, numpy only when this runs
 
     # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
-    from suite.planner.counting import LiveBytes, fake_batch
+    from suite.planner.counting import LiveBytes, OpCosts, fake_batch
     from suite.models import empty  # start-up: loads torch only when this runs
     # start-up: loads torch, numpy, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
+    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
+    from suite.train.dist import uses_cuda
+    from suite.compat import torch as torch_compat  # start-up: loads torch only when this runs
+    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
 
     layout = recipe.layout()
     setup = make_setup(recipe, None)
-    with torch.random.fork_rng(devices=[]):
+    gpu = uses_cuda(recipe.launch.device)
+    # On a GPU, attention runs fused (no score matrix held) and a bf16/fp16 run computes in that
+    # dtype: the passes run on a copy of the model in it, the update on the fp32 model.
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.training.precision) if gpu else None
+    with torch.random.fork_rng(devices=[]), (torch_compat.fused_attention() if gpu else nullcontext()):
         model = empty.on_meta(setup.build_model)
+        runs = copy.deepcopy(model).to(half) if half is not None else model
+        if gpu and recipe.training.activation_checkpointing:  # recomputed in backward: counted there
+            for block in (b for b in runs.children() if any(True for _ in b.parameters())):
+                prepare.checkpoint_block(block, selective=recipe.training.activation_checkpointing == "selective")
         with torch.device("meta"):
             inputs, targets = fake_batch(recipe, layout.accumulation_batch)
         optimizer = setup.make_optimizer(model.parameters())  # its step counters stay on the CPU: Adam reads them
         outputs = []  # each top-level block's output bytes: what a pipeline stage may send on
-        blocks = list(model.children())
+        blocks = list(runs.children())
         block_flops = [0] * len(blocks)  # each top-level block's forward FLOPs: how a split shares the compute
         hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(_tensor_bytes(out)))
                  for block in blocks]
         linears = {}  # name -> (input bytes, output bytes, input needs a gradient): the last pass's
-        for name, module in model.named_modules():
+        for name, module in runs.named_modules():
             if isinstance(module, torch.nn.Linear):
                 hooks.append(module.register_forward_hook(lambda _m, args, out, name=name: linears.__setitem__(
                     name, (_tensor_bytes(args[0]), _tensor_bytes(out), bool(args[0].requires_grad)))))
@@ -74,21 +95,27 @@ def model_step(recipe) -> dict:
         for _ in range(2):
             block_flops[:] = [0] * len(blocks)
             flops, passes, update = FlopCounterMode(display=False), LiveBytes(), LiveBytes()
-            with flops, passes:
-                loss = setup.task.loss(model(inputs), inputs, targets)
+            pass_ops, update_ops = (OpCosts(), OpCosts()) if gpu else (nullcontext(), nullcontext())
+            with flops, passes, pass_ops:
+                loss = setup.task.loss(runs(inputs), inputs, targets)
                 loss.backward()
-            with update:
+            if runs is not model:
+                for p, q in zip(model.parameters(), runs.parameters()):
+                    p.grad, q.grad = None if q.grad is None else q.grad.float(), None
+            with update, update_ops:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     for hook in hooks:
         hook.remove()
     sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    grads = sum(p.numel() * p.element_size() for p in runs.parameters())
     return {"flops": int(flops.get_total_flops()) * layout.accumulation_steps, "boundary_bytes": max(outputs, default=0),
-            "activation_bytes": max(passes.peak - sum(sizes), 0), "optimizer_bytes": update.peak,
+            "activation_bytes": max(passes.peak - grads, 0), "optimizer_bytes": update.peak,
             "parameter_bytes": sum(sizes), "largest_tensor_bytes": max(sizes, default=0),
             "parameter_tensors": len(sizes), "units": unit_bytes(model), "block_flops": block_flops,
             "block_parameters": [sum(p.numel() for p in block.parameters()) for block in blocks],
             "linears": [[name, *io] for name, io in linears.items()],
+            "ops": {"passes": pass_ops.summary(layout.accumulation_steps), "update": update_ops.summary()} if gpu else {},
             "batchnorm_channels": [m.num_features for m in model.modules() if isinstance(
                 m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm))]}
 
@@ -263,5 +290,17 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
                        flops=_rank_flops(step, parts, share), samples=recipe.training.batch_size,
                        comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()}, data_comm=over_data,
                        copy_bytes=copy_bytes(recipe, comm_bytes, over_data), source="analytic", notes="; ".join(notes),
-                       stage_share=share)
+                       stage_share=share, ops=_rank_ops(step, estimate, parts, share))
+
+
+def _rank_ops(step: dict, estimate: dict, parts: int, share: float | None) -> dict:
+    """``StepProfile.ops``: the bare model's operators (``model_step``), the passes' share this
+    rank runs (its stage's, or an even share of the ranks holding one replica) and the share of
+    the optimizer's update it steps (its optimizer state over the whole model's)."""
+    if not step.get("ops"):
+        return {}
+    total, mine = estimate["total"], estimate["per_rank"]
+    whole = total["optimizer_state"] + (total["parameters"] if mine["optimizer_state"] > total["optimizer_state"] else 0)
+    return {**step["ops"], "passes_share": share if share is not None else 1 / parts,
+            "update_share": min(1.0, mine["optimizer_state"] / whole) if whole else 1 / parts}
 

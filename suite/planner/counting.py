@@ -5,6 +5,7 @@ batch shaped as the recipe's data. Used by the fake run (``fake_run``) and the a
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 
 import torch
 
@@ -118,6 +119,54 @@ class LiveBytes(TorchDispatchMode):
             self.live -= size
             self._seen.pop(key, None)
         return callback
+
+
+MATMULS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}  # name -> which args multiply
+ATTENTION_FORWARD = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
+ATTENTION_BACKWARD = {f"{name}_backward" for name in ATTENTION_FORWARD}
+NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh", "_to_copy_meta",
+             "set_", "resize_", "zeros_like_meta", "_local_scalar_dense", "is_nonzero", "sym_size", "sym_stride"}
+
+
+class OpCosts(TorchDispatchMode):
+    """What each operator run under it costs a GPU, counted as ``suite.planner.gpu_ops`` prices
+    it: matmul shapes, fused attention shapes, and the bytes every other kernel reads and writes
+    (views and allocations move none)."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmuls: Counter = Counter()  # (batch, m, n, k, element bytes) -> calls
+        self.attention: Counter = Counter()  # (b, heads, s_q, s_kv, head_dim, causal, backward, element) -> calls
+        self.memory_bytes = self.memory_ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if func.namespace != "aten" or func.is_view or name in NO_KERNEL:
+            return out
+        if name in MATMULS:
+            a, b = (args[i] for i in MATMULS[name])
+            batch = a.shape[0] if a.dim() == 3 else 1
+            self.matmuls[(batch, a.shape[-2], b.shape[-1], a.shape[-1], a.element_size())] += 1
+        elif name in ATTENTION_FORWARD or name in ATTENTION_BACKWARD:
+            backward = name in ATTENTION_BACKWARD
+            q, k = [t for t in args if isinstance(t, torch.Tensor) and t.dim() == 4][1 if backward else 0:][:2]
+            causal = any(a is True for a in args) or bool((kwargs or {}).get("is_causal"))
+            b, heads, s_q, d = q.shape
+            self.attention[(b, heads, s_q, k.shape[-2], d, causal, backward, q.element_size())] += 1
+        else:
+            moved = _nbytes(_tensors((args, tuple((kwargs or {}).values())))) + _nbytes(_tensors(out))
+            if moved:
+                self.memory_bytes += moved
+                self.memory_ops += 1
+        return out
+
+    def summary(self, times: int = 1) -> dict:
+        """JSON-able counts (``StepProfile.ops``' passes or update), each call ``times`` over."""
+        return {"matmul": [[*key, calls * times] for key, calls in self.matmuls.items()],
+                "attention": [[*key, calls * times] for key, calls in self.attention.items()],
+                "memory": [self.memory_bytes * times, self.memory_ops * times]}
 
 
 def fake_batch(recipe, samples: int):

@@ -27,15 +27,16 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 import torch
 import torch.distributed as dist
 
+from suite.compat import deepspeed as deepspeed_compat
 from suite.compat import torch as torch_compat
 from suite.models import empty
 from suite.planner import analytic
-from suite.planner.counting import Collectives, LiveBytes, fake_batch
+from suite.planner.counting import Collectives, LiveBytes, OpCosts, fake_batch
 from suite.planner.profile import StepProfile
 from torch.nn.parallel import DistributedDataParallel
 import multiprocessing
@@ -85,6 +86,8 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     from suite.strategies.context import DistContext
     # start-up: loads torch, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
+    # start-up: loads torch, suite.train only when this runs
+    from suite.train.dist import uses_cuda
 
     recipe = at_world(recipe, world_size)
     if not dist.is_initialized():
@@ -97,6 +100,11 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     with ExitStack() as stack:
         stack.enter_context(torch_compat.fake_friendly())
         mode = stack.enter_context(torch_compat.fake_tensor_mode(allow_non_fake_inputs=True))
+        if "deepspeed" in getattr(recipe.strategy, "warm_imports", ()):
+            # DeepSpeed reads a norm and overflow flags in its step: answered "finite, no overflow";
+            # any other strategy that reads a value still fails, and takes its rule.
+            stack.enter_context(torch_compat.fake_scalars())
+            stack.enter_context(deepspeed_compat.fake_friendly())
         build = setup.build_model  # a constructor that computes with real values: built outside the mode
         setup.build_model = lambda: empty.as_fake(build, mode, torch_compat.unset_fake_temporarily)
         stack.enter_context(prepare.default_dtype(recipe.training.precision))  # fp64: as the rank builds
@@ -109,7 +117,8 @@ def profile_step(recipe, world_size: int) -> StepProfile:
         engine.train_step(inputs, targets)  # creates the optimizer state
         start = built.alive_now()
         comm, live, flops = Collectives(), LiveBytes(), FlopCounterMode(display=False)
-        with flops, live, comm:
+        ops = OpCosts() if uses_cuda(recipe.launch.device) else nullcontext()  # priced on a GPU profile
+        with flops, live, comm, ops:
             engine.train_step(inputs, targets)
         held = {k: int(v) for k, v in engine.held_bytes().items()}
     notes = []
@@ -125,7 +134,9 @@ def profile_step(recipe, world_size: int) -> StepProfile:
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
                        comm_sizes=comm.sizes,
                        data_comm=data_comm, copy_bytes=analytic.copy_bytes(recipe, comm.bytes, data_comm),
-                       source="fake", notes="; ".join(notes))
+                       source="fake", notes="; ".join(notes),
+                       # this rank's own operators, its optimizer's update on its shard among them
+                       ops={"passes": ops.summary(), "update": {}} if isinstance(ops, OpCosts) else {})
 
 
 # ---- one (strategy, world size) per forked child ----------------------------------------------

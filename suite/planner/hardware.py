@@ -6,27 +6,35 @@ planned from a laptop (``--hardware h100``). Both carry:
 
 - ``compute``: the rate a rank computes at (a measured calibration: the matmul peak per thread
   count, and the model's own rate timed when a prediction is made, ``suite.planner.model_time``;
-  a preset: the device's peak per precision and an assumed share of it, ``efficiency``);
+  a preset: the device's peak per precision, its memory bandwidth and multiprocessors, and what
+  its kernels sustain, with which ``suite.planner.gpu_ops`` prices a step operator by operator;
+  ``efficiency``, a flat share of the peak, only where a step's operators were not counted);
 - ``links``: α-β fits per collective kind for each link class, ``intra`` (ranks of one node) and
   ``inter`` (ranks on different nodes); ``collectives`` (the fits of the ranks the calibration
   ran, the older name) stands for whichever it measured.
 
+A variant of a preset (other memory, another link) is a profile file a user writes: the preset's
+JSON with those fields changed (``benchmarks/profiles/h100_96gb_500w.json``: torchtitan's H100s),
+passed as ``--hardware FILE``.
+
 A preset says so: ``from_specs`` is true and ``source`` names the specs; every output planned
 on it says its figures are from specs, not measured.
 
-Presets (NVIDIA's data sheets; DGX H100 / DGX A100 node layout: 8 GPUs on NVSwitch, one
-InfiniBand adapter per GPU):
+Presets (NVIDIA's data sheets; DGX/HGX node layout: 8 GPUs on NVSwitch, one InfiniBand
+adapter per GPU):
 
-- ``h100``: H100 SXM5 80 GB. Dense BF16/FP16 tensor core 989 TFLOP/s, TF32 495, FP64 67, FP32
-  67 (CUDA cores); NVLink 4 900 GB/s per GPU in both directions (450 GB/s each way); NDR
-  InfiniBand 400 Gb/s per GPU (50 GB/s).
-- ``a100``: A100 SXM4 80 GB. Dense BF16/FP16 312 TFLOP/s, TF32 156, FP64 19.5, FP32 19.5;
-  NVLink 3 600 GB/s per GPU (300 GB/s each way); HDR InfiniBand 200 Gb/s per GPU (25 GB/s).
+- ``h100``: H100 SXM5 80 GB. Dense BF16/FP16 tensor core 989 TFLOP/s, FP64 67, FP32 67 (CUDA
+  cores); HBM3 3.35 TB/s, 132 SMs; NVLink 4 900 GB/s per GPU in both directions (450 GB/s each
+  way); NDR InfiniBand 400 Gb/s per GPU (50 GB/s).
+- ``h200``: H200 SXM 141 GB: H100's compute, HBM3e 4.8 TB/s; the same links.
+- ``a100``: A100 SXM4 80 GB. Dense BF16/FP16 312 TFLOP/s, FP64 19.5, FP32 19.5; HBM2e 2,039 GB/s,
+  108 SMs; NVLink 3 600 GB/s per GPU (300 GB/s each way); HDR InfiniBand 200 Gb/s per GPU (25 GB/s).
+- ``a100_40gb``: A100 SXM4 40 GB: the same, HBM2 1,555 GB/s.
 
-Not in the data sheets, and so assumptions, stated in ``assumptions``: the share of peak a
-training step achieves (``EFFICIENCY``), the latency per message step α (NVLink/NVSwitch 10 µs,
-InfiniBand 20 µs: NCCL's small-message all-reduce takes tens of µs), and that NCCL's rings reach
-the link's one-way bandwidth (its "bus bandwidth").
+Not in the data sheets, and so assumptions, stated in ``assumptions``: what a GPU's kernels
+sustain (``_AMPERE``, ``_HOPPER``, ``_KERNELS`` below), the latency per message step α
+(NVLink/NVSwitch 10 µs, InfiniBand 20 µs: NCCL's small-message all-reduce takes tens of µs), and
+that NCCL's rings reach the link's one-way bandwidth (its "bus bandwidth").
 """
 from __future__ import annotations
 
@@ -39,15 +47,41 @@ from suite.planner.alpha_beta import BORROWED, FORMULAS, MEASURED
 EFFICIENCY = 0.4  # share of the dense peak a training step achieves on a preset (an assumption)
 GB = 1e9
 
+# What a GPU's kernels sustain (suite.planner.gpu_ops), assumptions from public microbenchmarks,
+# not data sheets: cuBLAS's large bf16 GEMMs reach about 80 % of the dense peak on A100 and H100
+# (NVIDIA's and others' published GEMM sweeps); FlashAttention-2 reaches 50-70 % of A100's peak
+# forward and 40-60 % backward (Dao 2023, fig. 4-5), 35-40 % and 30 % on H100 (Shah et al. 2024,
+# FlashAttention-3, fig. 4-6: FA2's rows); elementwise kernels about 80 % of HBM bandwidth; a
+# kernel takes at least 4 µs (launch and tail).
+_AMPERE = {"gemm_efficiency": 0.80, "attention_efficiency": {"forward": 0.60, "backward": 0.45}}
+_HOPPER = {"gemm_efficiency": 0.80, "attention_efficiency": {"forward": 0.38, "backward": 0.30}}
+_KERNELS = {"memory_efficiency": 0.80, "kernel_s": 4e-6}
+_H100_PEAK = {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "fp64": 67e12}
+_A100_PEAK = {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "fp64": 19.5e12}
+_NVLINK4, _NVLINK3 = ("NVLink 4 / NVSwitch", 450 * GB, 10e-6), ("NVLink 3 / NVSwitch", 300 * GB, 10e-6)
+_NDR, _HDR = ("InfiniBand NDR 400 Gb/s", 50 * GB, 20e-6), ("InfiniBand HDR 200 Gb/s", 25 * GB, 20e-6)
+
+
+def _preset(device: str, memory_bytes: int, hopper: bool, bandwidth: float, source: str) -> dict:
+    """A DGX/HGX node of 8 GPUs of one generation: Hopper (H100, H200: NVLink 4, NDR) or Ampere
+    (A100: NVLink 3, HDR)."""
+    return {"device": device, "memory_bytes": memory_bytes, "per_node": 8,
+            "peak": _H100_PEAK if hopper else _A100_PEAK,
+            "gpu": {"memory_bytes_per_s": bandwidth, "sm_count": 132 if hopper else 108,
+                    **(_HOPPER if hopper else _AMPERE), **_KERNELS},
+            "intra": _NVLINK4 if hopper else _NVLINK3, "inter": _NDR if hopper else _HDR, "source": source}
+
+
 PRESETS = {
-    "h100": {"device": "NVIDIA H100 SXM5 80 GB", "memory_bytes": 80 * 2**30, "per_node": 8,
-             "peak": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "fp64": 67e12},
-             "intra": ("NVLink 4 / NVSwitch", 450 * GB, 10e-6), "inter": ("InfiniBand NDR 400 Gb/s", 50 * GB, 20e-6),
-             "source": "NVIDIA H100 Tensor Core GPU data sheet (SXM5); DGX H100 user guide"},
-    "a100": {"device": "NVIDIA A100 SXM4 80 GB", "memory_bytes": 80 * 2**30, "per_node": 8,
-             "peak": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "fp64": 19.5e12},
-             "intra": ("NVLink 3 / NVSwitch", 300 * GB, 10e-6), "inter": ("InfiniBand HDR 200 Gb/s", 25 * GB, 20e-6),
-             "source": "NVIDIA A100 Tensor Core GPU data sheet (SXM4 80 GB); DGX A100 user guide"},
+    "h100": _preset("NVIDIA H100 SXM5 80 GB", 80 * 2**30, True, 3.35e12,
+                    "NVIDIA H100 Tensor Core GPU data sheet (SXM5: HBM3 3.35 TB/s, 132 SMs); DGX H100 user guide"),
+    "h200": _preset("NVIDIA H200 SXM 141 GB", 141 * 10**9, True, 4.8e12,
+                    "NVIDIA H200 Tensor Core GPU data sheet (SXM: HBM3e 141 GB, 4.8 TB/s); HGX H200 (8 GPUs, NVSwitch)"),
+    "a100": _preset("NVIDIA A100 SXM4 80 GB", 80 * 2**30, False, 2.039e12,
+                    "NVIDIA A100 Tensor Core GPU data sheet (SXM4 80 GB: HBM2e 2,039 GB/s, 108 SMs); DGX A100 user guide"),
+    "a100_40gb": _preset("NVIDIA A100 SXM4 40 GB", 40 * 2**30, False, 1.555e12,
+                         "NVIDIA A100 Tensor Core GPU data sheet (SXM4 40 GB: HBM2 1,555 GB/s, 108 SMs); DGX A100 "
+                         "user guide"),
 }
 LINK_CLASSES = ("intra", "inter")
 
@@ -67,10 +101,16 @@ def preset(name: str) -> dict:
     (intra_name, intra_beta, intra_alpha), (inter_name, inter_beta, inter_alpha) = spec["intra"], spec["inter"]
     return {"key": f"preset-{name.lower()}", "from_specs": True, "source": spec["source"], "backend": "nccl",
             "device": spec["device"], "per_node": spec["per_node"], "memory_bytes": spec["memory_bytes"],
-            "compute": {"per_device": True, "peak_flops_per_s_by_precision": spec["peak"], "efficiency": EFFICIENCY},
+            "compute": {"per_device": True, "peak_flops_per_s_by_precision": spec["peak"], "efficiency": EFFICIENCY,
+                        **spec["gpu"]},
             "links": {"intra": {**_fits(intra_alpha, intra_beta), "link": intra_name},
                       "inter": {**_fits(inter_alpha, inter_beta), "link": inter_name}},
-            "assumptions": [f"a training step achieves {EFFICIENCY:.0%} of the dense peak",
+            "assumptions": [f"operators priced one by one (suite.planner.gpu_ops): large GEMMs at "
+                            f"{spec['gpu']['gemm_efficiency']:.0%} of the dense peak, attention forward/backward at "
+                            f"{spec['gpu']['attention_efficiency']['forward']:.0%}/"
+                            f"{spec['gpu']['attention_efficiency']['backward']:.0%}, other operators at "
+                            f"{spec['gpu']['memory_efficiency']:.0%} of memory bandwidth; {EFFICIENCY:.0%} of the dense "
+                            f"peak where a step's operators were not counted",
                             f"α {intra_alpha * 1e6:.0f} µs within a node, {inter_alpha * 1e6:.0f} µs across nodes",
                             "collectives reach the link's one-way bandwidth"]}
 

@@ -54,6 +54,9 @@ class StepProfile:
     source: str = "fake"            # "fake": measured on fake tensors; "analytic": a formula
     notes: str = ""                 # e.g. why a figure is analytic
     stage_share: float | None = None  # the busiest pipeline stage's share of the model's FLOPs (None: not cut)
+    # A GPU's operators of the step (suite.planner.gpu_ops): {"passes": counts, "update": counts,
+    # "update_share": the share of the optimizer's update this rank steps}; empty where not counted.
+    ops: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from suite.common.errors import SuiteError
 from suite.common.threads import rank_threads
-from suite.planner import alpha_beta, groups, pipeline_schedule
+from suite.planner import alpha_beta, gpu_ops, groups, pipeline_schedule
 from suite.planner.pipeline_time import (busiest_or_balanced, neighbour_ratio, path_calls_factor,
                                          pipeline_bubble, pipelined_compute_s)
 from suite.planner.profile import StepProfile
@@ -211,6 +211,12 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     rate, rate_note = compute_rate(calibration, ranks_per_node, options.get("model"), options.get("precision", "fp32"),
                                    options.get("cpus_per_task"))
     compute_s = profile.flops / rate
+    device = calibration["compute"]
+    gpu = None
+    if device.get("per_device") and device.get("sm_count") and profile.ops:  # a GPU's operators, priced one by one
+        gpu = gpu_ops.step_s(profile.ops, device, options.get("precision", "fp32"))
+        compute_s = gpu["total"]
+        rate, rate_note = profile.flops / compute_s, "the step's operators priced one by one on the GPU (gpu_ops)"
     timed = (calibration["compute"].get("models") or {}).get(options.get("model")) or {}
     share = groups.shared_core(calibration, ranks_per_node, options)
     _, overlap = rule(options)
@@ -250,6 +256,10 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     hidden_s = min(sum(overlap.share.get(k, 0.0) * t for k, t in free.items()), window_s)
     if groups.cores_all_busy(options, profile, calibration):
         hidden_s = 0.0
+    if gpu is not None and overlap.gpu_stream:  # a GPU: its collectives on their own stream (Overlap.gpu_stream)
+        calls = profile.comm_calls
+        hidden_s = min(sum(t * (1 - 1 / max(calls.get(k, 1), 1)) for k, t in free.items() if k in overlap.gpu_stream),
+                       window_s)
     if share < 1 and ((overlap.share and overlap.window == "backward") or overlap.back_to_back):
         # More ranks than cores, and no rank computes behind these calls:
         # - reductions that run behind the rank's own backward (DDP's buckets, on gloo's thread):
@@ -287,7 +297,8 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
     return {"compute_s": compute_s, "copy_s": copy_s, "comm_s": comm_s, "exposed_comm_s": exposed_s, "step_s": step_s,
             "samples_per_s": profile.samples / step_s if step_s > 0 else None,
             "comm_s_by_kind": per_kind, "bubble": bubble, "messages_ready_s": ready_s, "flops_per_s": rate, "rate": rate_note,
-            "overlap_rule": overlap.why, **({"schedule_simulated_s": simulated["step_s"]} if simulated else {})}
+            "overlap_rule": overlap.why, **({"schedule_simulated_s": simulated["step_s"]} if simulated else {}),
+            **({"gpu_s": gpu} if gpu else {})}
 
 
 def _simulated_schedule(options: dict, profile: StepProfile, calibration: dict, compute_s: float,

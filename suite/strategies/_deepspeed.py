@@ -345,11 +345,15 @@ def held_bytes(engine, params, gradient_bytes: int) -> dict:
             + tensor_bytes(ds_compat.master_weights(engine))}
 
 
-def gradient_bytes(engine, params) -> int:
+def gradient_bytes(engine, params, whole: bool = False) -> int:
     """Gradient bytes this rank holds right after backward: full ``p.grad`` where DeepSpeed keeps
     them, its partitioned buffers, and the gradients of the inner optimizer's parameters (the fp32
-    partitions, which hold them under optimizer offload). Views of one buffer are counted once."""
-
+    partitions, which hold them under optimizer offload). Views of one buffer are counted once.
+    ``whole``: where the gradients were whole until backward ended and DeepSpeed reduced them
+    (ZeRO-1 without overlap_comm), the whole gradients in the parameters' dtype, what the rank
+    held at its most."""
+    if whole:
+        return sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     inner = ds_compat.inner_optimizer(engine)
     params = list(params) + [p for group in inner.param_groups for p in group["params"]]
     return distinct_bytes([p.grad for p in params if p.grad is not None] + ds_compat.gradient_buffers(engine))

@@ -46,13 +46,18 @@ class Overlap:
     between pieces of the rank's forward and backward, each of which waits for the call before it
     (tensor parallelism's all-reduces), as the calibration's calls between slices of compute sit
     (``rank_timings.time_in_step``, timed with every rank of the node stepping), so what another rank
-    computes on a shared core while one waits is in their price already: nothing more is hidden."""
+    computes on a shared core while one waits is in their price already: nothing more is hidden.
+    ``gpu_stream``: the kinds that on a GPU run on NCCL's own stream while the window computes
+    (``share`` is the CPU's, where gloo's threads take cores from the compute): every call hidden
+    but the one that must come first or last (the step's first gather, the last bucket's
+    reduction), up to the window's length."""
     share: dict[str, float] = field(default_factory=dict)
     window: str = "backward"
     why: str = ""
     bubble: bool = False
     back_to_back: bool = False
     inside_compute: bool = False
+    gpu_stream: tuple = ()
 
 
 NO_COMMUNICATION = Overlap(why="no communication")
@@ -61,7 +66,9 @@ NOTHING_HIDDEN = Overlap(why="nothing assumed hidden: no overlap of its communic
 PREFETCHED_UNITS = Overlap(
     {"all_gather": 0.5, "reduce_scatter": 0.5}, "step",
     "forward/backward prefetch all-gathers the next unit's parameters while this one computes; "
-    "reduce-scatters run behind backward: half assumed hidden under forward + backward")
+    "reduce-scatters run behind backward: half assumed hidden under forward + backward on a CPU, "
+    "all but the first gather and the last reduce-scatter on a GPU's collective stream",
+    gpu_stream=("all_gather", "reduce_scatter"))
 PIPELINED = Overlap(why="activations sent between stages are on the critical path; the bubble "
                         "(K-1)/(M+K-1) idles each stage", bubble=True)
 

@@ -22,7 +22,8 @@ class Options(StrategyOptions):
     overlap: ClassVar = costs.Overlap(
         {"all_reduce": DDP_SHARE}, "backward",
         "gradient buckets are all-reduced while backward computes the next ones; the last bucket "
-        "always waits, and on CPU gloo's threads share the cores with backward: half assumed hidden")
+        "always waits, and on CPU gloo's threads share the cores with backward: half assumed hidden "
+        "(on a GPU's collective stream: all but the last bucket)", gpu_stream=("all_reduce",))
     no_neutral_checkpoint: ClassVar = ""  # torch DCP maps its state (suite.strategies.neutral)
     cannot_fake: ClassVar = ""
 

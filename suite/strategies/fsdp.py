@@ -58,6 +58,9 @@ class Options(costs.ShardedUnits, StrategyOptions):
     def comm_rule(self, step: costs.StepSizes) -> costs.Comm:
         # Gathered before each unit's forward, and again before its backward where forward freed them.
         comm = costs.sharded_units(step, gathers=2 if self.reshard_after_forward else 1)
+        if self.mixed_precision == "bf16":  # MixedPrecisionPolicy: gathers bf16 parameters, reduces in fp32
+            gathered, calls = comm["all_gather"]
+            comm["all_gather"] = (gathered // 2, calls)
         if self.replicate > 1:
             shard = step.layout.degree("shard")
             comm["all_reduce"] = (step.gradient_bytes // shard, len(step.units) or 1)

@@ -85,7 +85,7 @@ def test_a_preset_computes_at_its_peak_times_the_assumed_share_and_says_so():
     assert "from specs, not measured" in how
     assert timing.compute_rate(a100, 8, precision="fp32")[0] == pytest.approx(19.5e12 * hardware.EFFICIENCY)
     assert "from published specs, not measured" in hardware.describe(a100)
-    with pytest.raises(Exception, match="presets: h100, a100"):
+    with pytest.raises(Exception, match="presets: h100, h200, a100, a100_40gb"):
         hardware.load("v100")
 
 

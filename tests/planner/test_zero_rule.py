@@ -1,5 +1,5 @@
-"""DeepSpeed cannot run on fake tensors, so ZeRO's communication rule is held to the calls its real
-engine makes: two ranks on gloo, torch.distributed's collectives wrapped and counted over one
+"""ZeRO's communication rule (what each run records, and ZeRO-3's plan, whose fake run is too slow
+at hundreds of ranks) is held to the calls its real engine makes: two ranks on gloo, torch.distributed's collectives wrapped and counted over one
 step once DeepSpeed's module trace is complete (its first step records the trace and gathers
 unit by unit)."""
 from __future__ import annotations

@@ -1,0 +1,71 @@
+"""Published training runs the planner predicts (``compare.py --only published``), each with its
+source and what it printed. ``group``: ``dev``, the rows looked at while the GPU time and memory
+model was built; ``held-out``, rows chosen before any of them was run through the planner, to
+check it on runs it was not built on.
+
+A row: the model (a recipe's ``model`` section), the sequence length, precision, the strategy
+section, GPUs, the profile (a preset or a profile file), the global batch and checkpointing; and
+what was published: ``tokens_per_s_per_gpu`` (or ``tflops_per_gpu`` with the FLOPs per token the
+source counts, converted to tokens), ``memory_gib`` (peak per GPU), ``states_gb`` (ZeRO's model
+states per GPU: parameters, gradients, optimizer state).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+TORCHTITAN_H100 = str(PROFILES / "h100_96gb_500w.json")  # its published hardware, written as a profile file
+
+
+def megatron_flops_per_token(layers: int, dim: int, seq: int, vocab: int) -> float:
+    """Narayanan et al. 2021 (arXiv 2104.04473), eq. 3 per token: 96 l h^2 (1 + s / 6h + V / 16 l h),
+    the FLOPs a step of GPT with full activation recomputation does (the figure its TFLOP/s count)."""
+    return 96 * layers * dim**2 * (1 + seq / (6 * dim) + vocab / (16 * layers * dim))
+
+
+def _megatron(name, dim, heads, layers, tp, gpus, batch, tflops):
+    return {"group": "held-out", "name": f"Megatron-LM GPT {name}, TP {tp}, DP {gpus // tp}",
+            "model": {"name": "transformer", "dim": dim, "heads": heads, "layers": layers},
+            "vocab": 51200, "seq": 2048, "precision": "bf16",
+            "strategy": {"name": "tensor", "dp": gpus // tp} if tp > 1 else {"name": "ddp"},
+            "gpus": gpus, "hardware": "a100", "batch": batch, "checkpointing": True,
+            "tokens_per_s_per_gpu": tflops * 1e12 / megatron_flops_per_token(layers, dim, 2048, 51200),
+            "published": f"{tflops} TFLOP/s per GPU",
+            "source": "Narayanan et al. 2021, arXiv 2104.04473, Table 1 (A100 80 GB, fp16; eq. 3 FLOPs)",
+            "notes": "Megatron's DP all-reduces (here: FSDP2 over dp beside TP, DDP alone); fp16 planned as bf16"}
+
+
+LLAMA3_8B = {"name": "llama", "preset": "llama3_8b"}
+LLAMA3_70B = {"name": "llama", "preset": "llama3_70b"}
+TORCHTITAN = "Liang et al., arXiv 2410.06511 (torchtitan), docs/performance.md"
+GPT_7_5B = {"name": "transformer", "dim": 4096, "heads": 32, "layers": 36}
+ZERO_FIG1 = "Rajbhandari et al., arXiv 1910.02054 (ZeRO), Figure 1"
+
+ROWS = [
+    # ---- development rows: looked at while building ----
+    {"group": "dev", "name": "torchtitan Llama 3.1 8B, FSDP, 8 H100 (96 GB, 500 W)", "model": LLAMA3_8B,
+     "vocab": 128256, "seq": 8192, "precision": "bf16", "strategy": {"name": "fsdp", "mixed_precision": "bf16"},
+     "gpus": 8, "hardware": TORCHTITAN_H100, "batch": 16, "checkpointing": "selective",
+     "tokens_per_s_per_gpu": 5762, "memory_gib": 82.4, "published": "5,762 tok/s/GPU, 82.4 GiB",
+     "source": f"{TORCHTITAN}, Table 1 (FSDP, no compile)"},
+    {"group": "dev", "name": "torchtitan Llama 3 8B, FSDP, 64 A100, selective op AC", "model": LLAMA3_8B,
+     "vocab": 128256, "seq": 8192, "precision": "bf16", "strategy": {"name": "fsdp", "mixed_precision": "bf16"},
+     "gpus": 64, "hardware": "a100", "batch": 64, "checkpointing": "selective",
+     "tokens_per_s_per_gpu": 2973, "published": "2,973 WPS, MFU 58.2 %", "source": f"{TORCHTITAN}, 64 A100 table"},
+    {"group": "dev", "name": "torchtitan Llama 3 70B, FSDP, 64 A100, full AC", "model": LLAMA3_70B,
+     "vocab": 128256, "seq": 8192, "precision": "bf16", "strategy": {"name": "fsdp", "mixed_precision": "bf16"},
+     "gpus": 64, "hardware": "a100", "batch": 64, "checkpointing": True,
+     "tokens_per_s_per_gpu": 331, "published": "331 WPS, MFU 51.7 %", "source": f"{TORCHTITAN}, 64 A100 table"},
+    *[{"group": "dev", "name": f"ZeRO Fig. 1, GPT 7.5B, {label}, 64 GPUs", "model": GPT_7_5B, "vocab": 50304,
+       "seq": 1024, "precision": "bf16", "strategy": strategy, "gpus": 64, "hardware": "a100", "batch": 64,
+       "checkpointing": False, "states_gb": gb, "published": f"{gb} GB of model states", "source": ZERO_FIG1}
+      for label, strategy, gb in (("DP", {"name": "ddp"}, 120.0), ("ZeRO-1", {"name": "zero", "stage": 1}, 31.4),
+                                  ("ZeRO-2", {"name": "zero", "stage": 2}, 16.6),
+                                  ("ZeRO-3", {"name": "zero", "stage": 3}, 1.88))],
+    # ---- held-out rows: chosen before any was run through the planner ----
+    # Megatron-LM's Table 1, the rows without pipeline parallelism (A100 80 GB, DGX SuperPOD).
+    _megatron("1.7B", 2304, 24, 24, 1, 32, 512, 137),
+    _megatron("3.6B", 3072, 32, 30, 2, 64, 512, 138),
+    _megatron("7.5B", 4096, 32, 36, 4, 128, 512, 142),
+    _megatron("18.4B", 6144, 48, 40, 8, 256, 1024, 135),
+]
