@@ -10,10 +10,13 @@ data shard, and the dp dimension is sharded with FSDP2 ``fully_shard``, which co
 DTensor (DDP does not: it fails on DTensor parameters).
 
 A model gets tensor parallelism by having a layout here: one short function from the model to
-``{module path: ColwiseParallel() | RowwiseParallel()}``, refusing degrees it cannot split by.
+``{module path: ColwiseParallel() | RowwiseParallel()}``, refusing degrees it cannot split by;
+or by publishing a plan (a Hugging Face model's ``base_model_tp_plan``) or being given one in
+the recipe (``model.tp_plan``): ``published_plan``.
 """
 from __future__ import annotations
 
+import fnmatch
 from typing import ClassVar, Literal, Optional
 
 import torch
@@ -24,6 +27,7 @@ from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
 from suite.strategies import costs, fsdp
 from suite.strategies.base import ModuleEngine, StrategyOptions
+from suite.models import hf
 from suite.models.transformer import Block
 
 
@@ -84,6 +88,64 @@ def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
 PLANS = {"mlp": mlp_plan, "transformer": transformer_plan}
 
 
+def published_plan(model: torch.nn.Module, tp: int, source: str = "the model") -> dict:
+    """The plan a model publishes (a Hugging Face model's ``base_model_tp_plan`` and head plan) or
+    the recipe gives (``model.tp_plan``), as DTensor styles for the Linear layers it names (``*``
+    matches any one name, as in HF's plans). A layer whose weight is shared with another (tied
+    input and output embeddings) stays replicated: sharding one would split the other's weight."""
+    plan = hf.tensor_parallel_plan(model)
+    if not plan:
+        raise SuiteError(f"strategy tensor has layouts for models {', '.join(PLANS)} and for models that publish a "
+                         f"tensor-parallel plan; {source} publishes none: give one as model.tp_plan "
+                         f"({{module path: colwise | rowwise}}), or use fsdp/ddp")
+    config = getattr(model, "config", None)
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if isinstance(getattr(config, key, None), int):
+            _require_divisible(f"the model's {key}", getattr(config, key), tp)
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(name)
+    tied = {name for names in owners.values() if len(names) > 1 for name in names}
+    layout = {}
+    for name, module in model.named_modules():
+        style = next((s for pattern, s in plan.items() if _matches(pattern, name)), None)
+        if style is None or name in tied:
+            continue
+        if not isinstance(module, torch.nn.Linear):
+            raise SuiteError(f"tensor-parallel plan of {source}: {name} is a {type(module).__name__}, and the "
+                             f"suite splits Linear layers only; leave it out of model.tp_plan")
+        width = module.out_features if style.startswith("colwise") else module.in_features
+        _require_divisible(f"the width of {name}", width, tp)
+        layout[name] = _style(style)
+    if not layout:
+        raise SuiteError(f"the tensor-parallel plan of {source} names no layer of the model ({', '.join(plan)}); "
+                         f"fix model.tp_plan's module paths")
+    return layout
+
+
+def _matches(pattern: str, name: str) -> bool:
+    parts, names = pattern.split("."), name.split(".")
+    return len(parts) == len(names) and all(fnmatch.fnmatchcase(n, p) for p, n in zip(parts, names))
+
+
+def _style(name: str):
+    # start-up: loads torch only when this runs
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"colwise": lambda: ColwiseParallel(), "rowwise": lambda: RowwiseParallel(),
+            "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+            "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate())}[name]()
+
+
+def plan_of(model_name: str, model: torch.nn.Module, tp: int, source: str = "the model") -> dict:
+    """The layout for a built-in model, else the plan the model publishes or the recipe gives."""
+    if model_name in PLANS:
+        return PLANS[model_name](model, tp)
+    return published_plan(model, tp, source)
+
+
 class Options(StrategyOptions):
     name: Literal["tensor"] = "tensor"
     warm_imports: ClassVar = (torch_compat.DYNAMO,)
@@ -102,11 +164,10 @@ class Options(StrategyOptions):
         return [Axis("data", self.dp, "strategy.dp", data=True), Axis("tensor", self.tp, "strategy.tp")]
 
     def check(self, layout, model) -> None:
-        tp_plan = PLANS.get(model.name)
-        if tp_plan is None:
+        if model.name not in PLANS and model.name != "custom":
             raise SuiteError(f"strategy tensor has layouts for models {', '.join(PLANS)}, not "
                              f"model.name={model.name!r}; use one of those, or fsdp/ddp")
-        tp_plan(model.build_meta(), layout.degree("tensor"))
+        plan_of(model.name, model.build_meta(), layout.degree("tensor"), model.source)
 
     def held_fraction(self, total: dict, layout) -> dict:
         # A lower bound: the layers left out of the layout are held in full by every tp rank.
@@ -142,10 +203,9 @@ def build(opts: Options, setup) -> ModuleEngine:
     ctx = setup.ctx
     mesh = setup.layout.device_mesh(ctx)
     model = setup.build_model().to(ctx.device)
-    tp_plan = PLANS[setup.model_name]
     # Order as in torchtitan: tensor parallel, then checkpointing and compile (setup.prepare),
     # then FSDP over the data-parallel dimension.
-    parallelize_module(model, mesh["tensor"], tp_plan(model, mesh["tensor"].size()))
+    parallelize_module(model, mesh["tensor"], plan_of(setup.model_name, model, mesh["tensor"].size()))
     model = setup.prepare(model)
     if setup.layout.dp_size == 1:
         return ModuleEngine(setup, model)

@@ -1,0 +1,128 @@
+"""Hugging Face ``transformers`` models, trained as they are.
+
+A recipe names one like any model by target: the built-in constructors here,
+``model: {target: "suite.models.hf:from_config", model_type: llama, hidden_size: 64, ...}`` or
+``model: {target: "suite.models.hf:from_pretrained", path: ./my-llama}``, or the user's own
+factory returning e.g. ``LlamaForCausalLM(LlamaConfig(...))``. Whatever builds it,
+``suite.models.build`` hands a ``PreTrainedModel`` to ``adapt``, which makes the model what every
+strategy expects of a language model and changes nothing else (its parameter names stay HF's, so
+a checkpoint of the run loads back with ``from_pretrained``, ``suite.export --hf``):
+
+- its forward takes the token ids alone and returns the logits tensor (``.logits`` of HF's
+  output), with an attention mask that hides the padding where the config names a
+  ``pad_token_id`` (padding lies after each sequence's tokens, and is not scored: its targets are
+  ``suite.data.IGNORE``), and without a key-value cache;
+- ``units`` (used by FSDP's wrapping and activation checkpointing) are the model's own blocks,
+  the classes of its ``_no_split_modules``; ``gradient_checkpointing`` switches on HF's own;
+- ``tensor_parallel_plan`` is the plan it publishes (``base_model_tp_plan`` and the head's
+  ``_tp_plan``), or the one the recipe gives (``model.tp_plan``).
+What transformers keeps private is read through ``suite.compat.transformers``.
+"""
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+from torch import nn
+
+from suite.common.errors import SuiteError
+from suite.compat import transformers as hf_compat
+
+# DTensor's styles for the names HF's plans use (the ones a plain Linear takes).
+_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
+
+
+def from_config(spec, model_type: str = "llama", **config) -> nn.Module:
+    """``AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config))``; the
+    vocabulary defaults to the data's (``spec.num_classes``)."""
+    # optional: transformers is imported only by recipes that name an HF model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config.setdefault("vocab_size", spec.num_classes)
+    try:
+        made = AutoConfig.for_model(model_type, **config)
+    except ValueError as e:
+        raise SuiteError(f"model.model_type={model_type!r}: {' '.join(str(e).split())[:200]}; "
+                         f"name a transformers model type (llama, gpt2, qwen2, ...)") from None
+    return AutoModelForCausalLM.from_config(made, dtype=torch.get_default_dtype())
+
+
+def from_pretrained(spec, path: str, **overrides) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path)``: a folder written by ``save_pretrained``
+    (config.json and safetensors) on this machine; ``overrides`` change its config (e.g.
+    ``attention_dropout``). Loaded in the run's precision (float64 under ``fp64``)."""
+    # optional: transformers is imported only by recipes that name an HF model
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise SuiteError(f"model.path={path!r} holds no config.json; give a folder written by save_pretrained "
+                         f"(or suite.export --hf)")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.get_default_dtype(), **overrides)
+
+
+def adapt(model: nn.Module) -> nn.Module:
+    """The model with a forward that returns its logits (module doc); in place, on the instance,
+    so parameter names, ``isinstance`` and HF's own methods are as they were. A bound method, so
+    ``copy.deepcopy`` binds the copy's."""
+    model.forward = types.MethodType(_logits_forward, model)
+    return model
+
+
+def _logits_forward(self, input_ids, *args, **kwargs):
+    pad = self.config.pad_token_id
+    # A mask even without padding: HF otherwise looks for packed sequences in the position ids, a
+    # value-dependent test that the meta device (the suite's shape-only build) cannot answer.
+    mask = torch.ones_like(input_ids) if pad is None else (input_ids != pad).long()
+    # type(self).forward: the class's own (FSDP2 swaps the class for a subclass of it).
+    return type(self).forward(self, input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+
+
+def is_hf(model: nn.Module) -> bool:
+    return hf_compat.is_model(model)
+
+
+def units(model: nn.Module) -> list[nn.Module] | None:
+    """The model's transformer blocks (instances of its ``_no_split_modules`` classes, in order),
+    or None where it is no HF model or declares none: the caller then takes its top-level blocks."""
+    if not is_hf(model):
+        return None
+    names = set(hf_compat.no_split_classes(model))
+    found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    return found or None
+
+
+def gradient_checkpointing(model: nn.Module) -> bool:
+    """Switch on HF's own gradient checkpointing (its blocks recompute in backward); False where
+    the model is no HF model or cannot (the caller then checkpoints blocks itself)."""
+    if not is_hf(model) or not getattr(model, "supports_gradient_checkpointing", False):
+        return False
+    hf_compat.enable_gradient_checkpointing(model)
+    return True
+
+
+def tensor_parallel_plan(model: nn.Module, given: dict | None = None) -> dict[str, str]:
+    """``{module path: style}``: ``given`` (the recipe's ``model.tp_plan``) or what the model
+    publishes; {} where neither. Styles are HF's names (``colwise``, ``rowwise``, ...)."""
+    given = given or getattr(model, "suite_tp_plan", None)
+    plan = dict(given) if given else (hf_compat.tensor_parallel_plan(model) if is_hf(model) else {})
+    for path, style in plan.items():
+        if style not in _STYLES:
+            raise SuiteError(f"tensor-parallel plan of {type(model).__name__}: {path} has style {style!r}; "
+                             f"the suite splits with {', '.join(_STYLES)} (give model.tp_plan)")
+    return plan
+
+
+def loss_function(model: nn.Module):
+    """(the model's own loss as ``fn(logits, targets)`` over next-token targets, its name):
+    what its ``.loss`` is when labels are given, fed the suite's already shifted targets."""
+    if not is_hf(model):
+        raise SuiteError(f"model.loss=model takes a Hugging Face model's own loss, and {type(model).__name__} is "
+                         f"none; set model.loss=task")
+    fn, name = hf_compat.loss_function(model)
+    vocab = model.config.get_text_config().vocab_size
+
+    def loss(logits, targets):
+        return fn(logits, None, vocab_size=vocab, shift_labels=targets)
+
+    return loss, f"{type(model).__name__}.loss_function ({name}: mean over the batch's scored tokens)"
