@@ -29,10 +29,6 @@ from torch import nn
 from suite.common.errors import SuiteError
 from suite.compat import transformers as hf_compat
 
-# DTensor's styles for the names HF's plans use (the ones a plain Linear takes).
-_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
-
-
 def from_config(spec, model_type: str = "llama", **config) -> nn.Module:
     """``AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config))``; the
     vocabulary defaults to the data's (``spec.num_classes``)."""
@@ -66,16 +62,30 @@ def adapt(model: nn.Module) -> nn.Module:
     so parameter names, ``isinstance`` and HF's own methods are as they were. A bound method, so
     ``copy.deepcopy`` binds the copy's."""
     model.forward = types.MethodType(_logits_forward, model)
+    # Its blocks take masks and rotary embeddings its own forward makes: no cut between top-level
+    # blocks carries them (the splitting strategies refuse it with this reason).
+    model.not_splittable_because = (f"{type(model).__name__} hands its blocks the masks and position embeddings "
+                                    f"its own forward makes, which no cut between top-level blocks carries")
     return model
 
 
 def _logits_forward(self, input_ids, *args, **kwargs):
     pad = self.config.pad_token_id
-    # A mask even without padding: HF otherwise looks for packed sequences in the position ids, a
-    # value-dependent test that the meta device (the suite's shape-only build) cannot answer.
-    mask = torch.ones_like(input_ids) if pad is None else (input_ids != pad).long()
+    mask = None if pad is None else (input_ids != pad).long()
+    if input_ids.device.type == "meta":
+        # HF tests its masks' values (any padding? packed sequences?), which the meta device (the
+        # suite's shape-only build and FLOP count) has none of; a 4-D causal mask it takes as given.
+        mask = _causal_mask(input_ids, self.dtype)
     # type(self).forward: the class's own (FSDP2 swaps the class for a subclass of it).
     return type(self).forward(self, input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+
+
+def _causal_mask(input_ids, dtype) -> torch.Tensor:
+    """(batch, 1, length, length): 0 where a token may attend, the dtype's lowest value elsewhere."""
+    length = input_ids.shape[-1]
+    allowed = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
+    mask = torch.zeros(length, length, dtype=dtype, device=input_ids.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask.expand(input_ids.shape[0], 1, length, length)
 
 
 def is_hf(model: nn.Module) -> bool:
@@ -103,14 +113,10 @@ def gradient_checkpointing(model: nn.Module) -> bool:
 
 def tensor_parallel_plan(model: nn.Module, given: dict | None = None) -> dict[str, str]:
     """``{module path: style}``: ``given`` (the recipe's ``model.tp_plan``) or what the model
-    publishes; {} where neither. Styles are HF's names (``colwise``, ``rowwise``, ...)."""
+    publishes; {} where neither. Styles are HF's names (``colwise``, ``rowwise``, ...): the
+    tensor strategy maps those a Linear takes (``suite.strategies.tensor.STYLES``) and refuses others."""
     given = given or getattr(model, "suite_tp_plan", None)
-    plan = dict(given) if given else (hf_compat.tensor_parallel_plan(model) if is_hf(model) else {})
-    for path, style in plan.items():
-        if style not in _STYLES:
-            raise SuiteError(f"tensor-parallel plan of {type(model).__name__}: {path} has style {style!r}; "
-                             f"the suite splits with {', '.join(_STYLES)} (give model.tp_plan)")
-    return plan
+    return dict(given) if given else (hf_compat.tensor_parallel_plan(model) if is_hf(model) else {})
 
 
 def loss_function(model: nn.Module):

@@ -112,6 +112,9 @@ def published_plan(model: torch.nn.Module, tp: int, source: str = "the model") -
         style = next((s for pattern, s in plan.items() if _matches(pattern, name)), None)
         if style is None or name in tied:
             continue
+        if style not in STYLES:
+            raise SuiteError(f"tensor-parallel plan of {source}: {name} has style {style!r}; the suite splits with "
+                             f"{', '.join(STYLES)}; give model.tp_plan")
         if not isinstance(module, torch.nn.Linear):
             raise SuiteError(f"tensor-parallel plan of {source}: {name} is a {type(module).__name__}, and the "
                              f"suite splits Linear layers only; leave it out of model.tp_plan")
@@ -127,6 +130,10 @@ def published_plan(model: torch.nn.Module, tp: int, source: str = "the model") -
 def _matches(pattern: str, name: str) -> bool:
     parts, names = pattern.split("."), name.split(".")
     return len(parts) == len(names) and all(fnmatch.fnmatchcase(n, p) for p, n in zip(parts, names))
+
+
+# HF's names of the DTensor styles the suite applies to a Linear layer.
+STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
 
 
 def _style(name: str):
