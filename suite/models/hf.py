@@ -129,6 +129,6 @@ def loss_function(model: nn.Module):
     vocab = model.config.get_text_config().vocab_size
 
     def loss(logits, targets):
-        return fn(logits, None, vocab_size=vocab, shift_labels=targets)
+        return fn(logits, None, vocab_size=vocab, shift_labels=targets.contiguous())
 
     return loss, f"{type(model).__name__}.loss_function ({name}: mean over the batch's scored tokens)"
