@@ -1,5 +1,5 @@
 """Third-party internals the suite relies on, quarantined: one module per library
-(``deepspeed``, ``torch``, ``torchvision``, ``submitit``). Every private or undocumented name the suite touches,
+(``deepspeed``, ``torch``, ``torchvision``, ``submitit``, ``transformers``). Every private or undocumented name the suite touches,
 and every library method it patches or overrides, is reached only through these modules, each
 access checked against the library versions in ``CHECKED`` (the pins in pyproject.toml).
 
@@ -14,7 +14,8 @@ import types
 from importlib import metadata
 
 # The versions every access in suite/compat/ was checked on (pinned in pyproject.toml).
-CHECKED = {"torch": "2.14.1", "torchvision": "0.29.1", "deepspeed": "0.19.8", "submitit": "1.5.4"}
+CHECKED = {"torch": "2.14.1", "torchvision": "0.29.1", "deepspeed": "0.19.8", "submitit": "1.5.4",
+           "transformers": "5.17.0"}
 
 
 class CompatError(RuntimeError):
