@@ -58,6 +58,9 @@ with warnings.catch_warnings():
         def _arguments_build(self):
             """Both ways of giving an argument at once is ambiguous; a constructor whose signature
             takes ``**kwargs`` is tried on the meta device (no memory, no initialisation)."""
+            if self.loss == "model" and self.task != "language":
+                raise SuiteError(f"model.loss=model takes a language model's own loss, and model.task={self.task}; "
+                                 f"set model.loss=task")
             twice = sorted(self.beside() & set(self.kwargs))
             if twice:
                 raise SuiteError(f"model.{twice[0]} is given both beside model.target and in model.kwargs; "

@@ -1,5 +1,5 @@
-"""Private names of torch, deepspeed, submitit, fairscale, torchvision and transformers are reached only through
-suite/compat/ (docs/compat.md): every other module of suite/ and analysis/ is parsed and any
+"""Private names of torch, deepspeed, submitit, fairscale, torchvision and transformers are reached
+only through suite/compat/ (docs/compat.md): every other module of suite/ and analysis/ is parsed and any
 private name of those libraries fails the test, listed as file:line and the name. Caught:
 
 - importing a module path with a private component (``import torch._dynamo``,

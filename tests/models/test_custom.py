@@ -115,7 +115,8 @@ def broken_package(tmp_path):
     ("model", {"task": "regression"}, "model.task='regression'"),
     # Keys beside target are the factory's keyword arguments: a misspelt suite key is one it does not take.
     ("model", {"targte": "x:y"}, "model.targte: my_models.nets:build does not accept targte; it takes (spec, width: "
-                                 "int = 32, depth: int = 2) (and the suite's own keys kwargs, name, pythonpath, target, task)"),
+                                 "int = 32, depth: int = 2) (and the suite's own keys kwargs, loss, name, pythonpath, target, task, "
+                                 "tp_plan)"),
     ("model", {"width": 8, "kwargs": {"width": 16}}, "model.width is given both beside model.target and in model.kwargs"),
     ("data", {"target": "tests.models.test_custom:data_returns_list", "kwargs": {}},
      "data.target=tests.models.test_custom:data_returns_list returns list; return (train, val) or (train, val, DataSpec)"),

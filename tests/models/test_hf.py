@@ -203,6 +203,7 @@ def test_what_a_strategy_cannot_do_with_an_hf_model_is_one_line(capsys, tmp_path
 
 # ---- certified under the strategies ----------------------------------------------------------
 
+@pytest.mark.timeout(900)  # suite.verify: single and its noise floor in fp64 and fp32, then each strategy
 def test_llama_from_config_on_padded_text_is_equivalent_under_every_strategy_that_holds_it(tmp_path, text):
     raw = {"name": "llama", "model": LLAMA, "data": text, "strategy": {"name": "ddp"},
            "optimizer": {"name": "adam", "lr": 0.01}, "training": {"epochs": 1, "batch_size": 8, "seed": 0},
@@ -211,6 +212,7 @@ def test_llama_from_config_on_padded_text_is_equivalent_under_every_strategy_tha
     _certified(tmp_path, proc, {"ddp", "fsdp", "zero_stage2", "zero_stage3", "tensor"})
 
 
+@pytest.mark.timeout(900)  # suite.verify: single and its noise floor in fp64 and fp32, then each strategy
 def test_gpt2_from_a_local_folder_with_tied_embeddings_and_hf_checkpointing_is_equivalent(tmp_path, gpt2_folder):
     raw = {"name": "gpt2", "model": {"target": "suite.models.hf:from_pretrained", "path": gpt2_folder,
                                      "task": "language"},
@@ -221,6 +223,7 @@ def test_gpt2_from_a_local_folder_with_tied_embeddings_and_hf_checkpointing_is_e
     _certified(tmp_path, proc, {"ddp", "fsdp", "zero_stage2", "zero_stage3"})
 
 
+@pytest.mark.timeout(900)  # suite.verify: single and its noise floor in fp64 and fp32, then each strategy
 def test_a_class_the_issue_does_not_name_qwen2_is_equivalent_under_fsdp_and_tensor(tmp_path):
     model = {**LLAMA, "model_type": "qwen2"}
     raw = {"name": "qwen2", "model": model, "data": TOKENS, "strategy": {"name": "fsdp"},
