@@ -29,9 +29,10 @@ from torch import nn
 from suite.common.errors import SuiteError
 from suite.compat import transformers as hf_compat
 
-def from_config(spec, model_type: str = "llama", **config) -> nn.Module:
+def from_config(spec, model_type: str = "llama", sequential: bool = False, **config) -> nn.Module:
     """``AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config))``; the
-    vocabulary defaults to the data's (``spec.num_classes``)."""
+    vocabulary defaults to the data's (``spec.num_classes``). ``sequential``: as ``as_sequential``
+    lays it out, for the strategies that cut a model between blocks (pipelines)."""
     # optional: transformers is imported only by recipes that name an HF model
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -41,10 +42,11 @@ def from_config(spec, model_type: str = "llama", **config) -> nn.Module:
     except ValueError as e:
         raise SuiteError(f"model.model_type={model_type!r}: {' '.join(str(e).split())[:200]}; "
                          f"name a transformers model type (llama, gpt2, qwen2, ...)") from None
-    return AutoModelForCausalLM.from_config(made, dtype=torch.get_default_dtype())
+    model = AutoModelForCausalLM.from_config(made, dtype=torch.get_default_dtype())
+    return as_sequential(model) if sequential else model
 
 
-def from_pretrained(spec, path: str, **overrides) -> nn.Module:
+def from_pretrained(spec, path: str, sequential: bool = False, **overrides) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained(path)``: a folder written by ``save_pretrained``
     (config.json and safetensors) on this machine; ``overrides`` change its config (e.g.
     ``attention_dropout``). Loaded in the run's precision (float64 under ``fp64``)."""
@@ -54,7 +56,60 @@ def from_pretrained(spec, path: str, **overrides) -> nn.Module:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise SuiteError(f"model.path={path!r} holds no config.json; give a folder written by save_pretrained "
                          f"(or suite.export --hf)")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.get_default_dtype(), **overrides)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.get_default_dtype(), **overrides)
+    return as_sequential(model) if sequential else model
+
+
+def as_sequential(model: nn.Module) -> nn.Sequential:
+    """A decoder laid out as Llama's (Qwen2, Mistral, ...: ``embed_tokens``, ``layers``, ``norm``,
+    ``rotary_emb`` under the base model, ``lm_head``) as an ``nn.Sequential`` of its embedding, each
+    decoder block and its head, which the pipelines cut between: the same modules and the same
+    function, each block making the position embeddings and the causal mask the model's forward
+    would hand it (no padding mask: padding lies after the tokens, which a causal model never
+    attends to). Parameter names are the Sequential's; the model itself is kept (``hf_model``,
+    unregistered) so that ``suite.export --hf`` writes it under HF's names."""
+    base = getattr(model, model.base_model_prefix, None)
+    parts = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if base is None or not all(hasattr(base, p) for p in parts) or not hasattr(model, "lm_head"):
+        raise SuiteError(f"model.sequential=true cuts decoders laid out as Llama's ({', '.join(parts)}, lm_head), "
+                         f"and {type(model).__name__} is not; leave it false (ddp, fsdp, zero, tensor take it whole)")
+    if model.lm_head.weight is base.embed_tokens.weight:
+        raise SuiteError(f"model.sequential=true: {type(model).__name__} ties its input and output embeddings, which "
+                         f"the first and last pipeline stages would each hold a copy of; set tie_word_embeddings: false")
+    layers = list(base.layers)[:model.config.num_hidden_layers]
+    seq = nn.Sequential(_Embed(base.embed_tokens), *(_Decoder(layer, base.rotary_emb) for layer in layers),
+                        _Head(base.norm, model.lm_head))
+    object.__setattr__(seq, "hf_model", model)  # not a submodule: its parameters are the Sequential's
+    return seq
+
+
+class _Embed(nn.Module):
+    def __init__(self, embed):
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, input_ids):
+        return self.embed(input_ids)
+
+
+class _Decoder(nn.Module):
+    def __init__(self, layer, rotary):
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+
+    def forward(self, hidden):
+        positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+        return self.layer(hidden, attention_mask=_causal_mask(hidden[..., 0], hidden.dtype), position_ids=positions,
+                          position_embeddings=self.rotary(hidden, positions))
+
+
+class _Head(nn.Module):
+    def __init__(self, norm, head):
+        super().__init__()
+        self.norm, self.head = norm, head
+
+    def forward(self, hidden):
+        return self.head(self.norm(hidden))
 
 
 def adapt(model: nn.Module) -> nn.Module:
@@ -65,7 +120,8 @@ def adapt(model: nn.Module) -> nn.Module:
     # Its blocks take masks and rotary embeddings its own forward makes: no cut between top-level
     # blocks carries them (the splitting strategies refuse it with this reason).
     model.not_splittable_because = (f"{type(model).__name__} hands its blocks the masks and position embeddings "
-                                    f"its own forward makes, which no cut between top-level blocks carries")
+                                    f"its own forward makes, which no cut between top-level blocks carries (a "
+                                    f"decoder laid out as Llama's is cut with model.sequential: true)")
     return model
 
 

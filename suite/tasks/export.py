@@ -73,12 +73,13 @@ def write_hf(recipe, plain: torch.nn.Module, state: dict, out: Path, step: int) 
     """The trained model as ``save_pretrained`` writes it (config.json and model.safetensors), with
     the run's tokenizer beside it where the data has one (``data.tokenizer``): a folder that
     ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load."""
-    if not hf.is_hf(plain):
+    model = getattr(plain, "hf_model", plain)  # a sequential layout shares the HF model's modules
+    if not hf.is_hf(model):
         raise SuiteError(f"--hf writes a Hugging Face model, and {source(recipe.model)} builds "
                          f"{type(plain).__name__}; use --model FILE.safetensors")
     plain.load_state_dict(state, strict=True)
     out.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(str(out))
+    model.save_pretrained(str(out))
     tokenizer = getattr(recipe.data, "tokenizer", None)
     if tokenizer:
         from suite.data.text_files import load_tokenizer  # late: only a text data set has a tokenizer
