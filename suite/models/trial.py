@@ -62,8 +62,8 @@ def _step(model, options, spec) -> None:
 
 
 def _targets(kind: str, spec) -> torch.Tensor:
-    if kind == "language":
-        return torch.zeros(_BATCH, *spec.input_shape, dtype=torch.int64)
+    if kind == "language":  # the next token at each position: (samples, length), whatever the inputs stack
+        return torch.zeros(_BATCH, spec.input_shape[-1], dtype=torch.int64)
     if kind == "segmentation":
         return torch.zeros(_BATCH, *spec.input_shape[1:], dtype=torch.int64)
     return torch.zeros(_BATCH, dtype=torch.int64)
