@@ -107,6 +107,21 @@ def test_an_hf_model_returns_its_logits_and_names_its_own_blocks():
     assert hf.tensor_parallel_plan(gpt2) == {}  # GPT-2 publishes none
 
 
+def test_a_tensor_parallel_plan_given_in_the_recipe_replaces_the_published_one():
+    from suite.common.errors import SuiteError
+    from suite.models import build as build_model
+    from suite.strategies.tensor import published_plan
+
+    given = {"model.layers.*.mlp.up_proj": "colwise", "model.layers.*.mlp.down_proj": "rowwise"}
+    recipe = make_recipe({"name": "tensor"}, 2, model={**LLAMA, "tp_plan": given}, data=TOKENS, training=FEW_STEPS)
+    plan = published_plan(build_model(recipe.model, recipe.data.spec()), 2)
+    assert sorted(plan) == [f"model.layers.{i}.mlp.{p}" for i in (0, 1) for p in ("down_proj", "up_proj")]
+    gpt2 = build("gpt2")
+    gpt2.suite_tp_plan = {"transformer.h.*.mlp.c_fc": "colwise"}  # as model.tp_plan sets it
+    with pytest.raises(SuiteError, match=r"transformer.h.0.mlp.c_fc is a Conv1D, and the suite splits Linear layers"):
+        published_plan(gpt2, 2)
+
+
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
 def test_padded_batches_give_the_loss_of_the_sequences_alone(model_type):
     torch.manual_seed(0)
