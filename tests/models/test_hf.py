@@ -316,3 +316,30 @@ def test_a_run_told_not_to_keep_its_weights_keeps_none(tmp_path, capsys):
     capsys.readouterr()
     assert export_main([str(tmp_path / "run"), "--hf", str(tmp_path / "hf")]) == 2
     assert "holds no complete checkpoint" in capsys.readouterr().err
+
+
+# ---- text files --------------------------------------------------------------------------------
+
+def test_documents_are_packed_into_next_token_samples_and_the_last_is_padded():
+    from suite.data.text_files import samples
+
+    inputs, targets = samples([[5, 6, 7], [8, 9]], seq_len=3, pad=0, eos=2, pack=True)
+    # the stream 5 6 7 2 8 9 2 in windows of 4 that overlap by one: inputs 5 6 7 | 2 8 9, then 2 alone is no sample
+    assert inputs.tolist() == [[5, 6, 7], [2, 8, 9]] and targets.tolist() == [[6, 7, 2], [8, 9, 2]]
+    inputs, targets = samples([[5, 6, 7], [8, 9]], seq_len=3, pad=0, eos=None, pack=False)
+    assert inputs.tolist() == [[5, 6, 0], [8, 0, 0]] and targets.tolist() == [[6, 7, IGNORE], [9, IGNORE, IGNORE]]
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"train": "NOWHERE/*.jsonl"}, "error: data.train='NOWHERE/*.jsonl' names no file; give a .jsonl, .txt or .parquet"),
+    ({"tokenizer": "NOWHERE"}, "error: data.tokenizer='NOWHERE' holds no tokenizer.json or tokenizer_config.json"),
+    ({"field": "body"}, "has no text under 'body'; set data.field to the key that holds the text"),
+])
+def test_text_files_that_cannot_be_read_are_one_line_at_dry_run(capsys, tmp_path, text, change, expected):
+    raw = {"name": "text", "model": LLAMA, "data": {**text, **change}, "strategy": {"name": "single"},
+           "training": FEW_STEPS, "tracking": {"wandb": "disabled"}}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code = submit.main([str(path), "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
