@@ -127,6 +127,18 @@ def published_plan(model: torch.nn.Module, tp: int, source: str = "the model") -
     return layout
 
 
+def published_roles(model: torch.nn.Module) -> dict[str, str]:
+    """{linear layer name: "colwise" | "rowwise"} by the plan the model publishes or is given
+    ({} where none): what the planner counts the all-reduces of."""
+    plan = hf.tensor_parallel_plan(model)
+    found = {}
+    for name, module in model.named_modules():
+        style = next((s for pattern, s in plan.items() if _matches(pattern, name)), None)
+        if style and isinstance(module, torch.nn.Linear):
+            found[name] = "colwise" if style.startswith("colwise") else "rowwise"
+    return found
+
+
 def _matches(pattern: str, name: str) -> bool:
     parts, names = pattern.split("."), name.split(".")
     return len(parts) == len(names) and all(fnmatch.fnmatchcase(n, p) for p, n in zip(parts, names))
@@ -189,7 +201,7 @@ class Options(StrategyOptions):
         sharded = costs.sharded_units(step, gathers=2) if step.layout.dp_size > 1 else {}
         if step.layout.degree("tensor") < 2 or not step.linears:
             return sharded
-        split = roles(step.model_name, [name for name, *_ in step.linears])
+        split = dict(step.tensor_roles) or roles(step.model_name, [name for name, *_ in step.linears])
         n_bytes = calls = 0
         for name, in_bytes, out_bytes, input_grad in step.linears:
             role = split.get(name)
