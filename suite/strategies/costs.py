@@ -87,7 +87,8 @@ class StepSizes:
     # gradient), at the accumulation batch (tensor parallelism's all-reduces are sized by them).
     linears: tuple = ()
     # Where the model publishes (or the recipe gives) its tensor-parallel plan: each split linear
-    # layer's role, (name, "colwise" | "rowwise") pairs; empty for the built-ins' own layouts
+    # layer's role, (name, "colwise" | "colwise_gather_output" | "rowwise") pairs; empty for the
+    # built-ins' own layouts
     tensor_roles: tuple = ()
 
 

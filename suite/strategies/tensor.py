@@ -128,14 +128,14 @@ def published_plan(model: torch.nn.Module, tp: int, source: str = "the model") -
 
 
 def published_roles(model: torch.nn.Module) -> dict[str, str]:
-    """{linear layer name: "colwise" | "rowwise"} by the plan the model publishes or is given
-    ({} where none): what the planner counts the all-reduces of."""
+    """{linear layer name: "colwise" | "colwise_gather_output" | "rowwise"} by the plan the model
+    publishes or is given ({} where none): what the planner counts the collectives of."""
     plan = hf.tensor_parallel_plan(model)
     found = {}
     for name, module in model.named_modules():
         style = next((s for pattern, s in plan.items() if _matches(pattern, name)), None)
         if style and isinstance(module, torch.nn.Linear):
-            found[name] = "colwise" if style.startswith("colwise") else "rowwise"
+            found[name] = style if style in ("colwise", "colwise_gather_output") else "rowwise"
     return found
 
 
@@ -202,13 +202,18 @@ class Options(StrategyOptions):
         if step.layout.degree("tensor") < 2 or not step.linears:
             return sharded
         split = dict(step.tensor_roles) or roles(step.model_name, [name for name, *_ in step.linears])
-        n_bytes = calls = 0
+        n_bytes = calls = gathered = gathers = 0
         for name, in_bytes, out_bytes, input_grad in step.linears:
             role = split.get(name)
-            if role == "rowwise" or (role == "colwise" and input_grad):
+            if role == "rowwise" or (role in ("colwise", "colwise_gather_output") and input_grad):
                 n_bytes, calls = n_bytes + (out_bytes if role == "rowwise" else in_bytes), calls + 1
+            if role == "colwise_gather_output":  # its output slices gathered whole in forward (an HF head)
+                gathered, gathers = gathered + out_bytes, gathers + 1
         passes = step.layout.accumulation_steps
-        return costs.merged(sharded, {"all_reduce": (n_bytes * passes, calls * passes)} if calls else {})
+        comm = {"all_reduce": (n_bytes * passes, calls * passes)} if calls else {}
+        if gathers:
+            comm["all_gather"] = (gathered * passes, gathers * passes)
+        return costs.merged(sharded, comm)
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:

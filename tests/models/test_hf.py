@@ -343,3 +343,18 @@ def test_text_files_that_cannot_be_read_are_one_line_at_dry_run(capsys, tmp_path
     code = submit.main([str(path), "--dry-run"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+# ---- planned -----------------------------------------------------------------------------------
+
+def test_the_planners_tensor_rule_for_an_hf_model_counts_what_the_real_code_sends():
+    """The analytic rule each run's prediction uses, held to the fake run of the real DTensor code:
+    the all-reduces of the plan Llama publishes, and the gather of its head's output."""
+    from suite.planner import analytic, fake_run
+    from tests.planner.test_planner import _profiles, _raw
+
+    raw = _raw({k: v for k, v in LLAMA.items() if k != "pad_token_id"}, TOKENS, 16)
+    fake = _profiles(raw, "tensor", [2])[("tensor", 2)]
+    assert fake.source == "fake" and fake.comm_calls == {"all_reduce": 15, "all_gather": 1}
+    rule = analytic.profile(fake_run.at_world(recipes.validate({**raw, "strategy": {"name": "tensor"}}), 2), 2, "test")
+    assert rule.comm_calls == fake.comm_calls and rule.comm_bytes == fake.comm_bytes
