@@ -285,10 +285,13 @@ print(json.dumps({"val_loss": loss.item() / (y != -100).sum().item(), "vocab": l
 """
 
 
-def test_a_completed_fsdp_run_exports_a_folder_from_pretrained_loads_with_its_val_loss(tmp_path, text):
+@pytest.mark.parametrize("strategy, model", [({"name": "fsdp"}, LLAMA),
+                                             ({"name": "pipeline", "stages": 2}, {**LLAMA, "sequential": True})],
+                         ids=["fsdp", "pipeline-of-blocks"])
+def test_a_completed_run_exports_a_folder_from_pretrained_loads_with_its_val_loss(tmp_path, text, strategy, model):
     from suite.export.__main__ import main as export_main
 
-    recipe = make_recipe({"name": "fsdp"}, 2, model=LLAMA, data=text, training=FEW_STEPS)
+    recipe = make_recipe(strategy, 2, model=model, data=text, training=FEW_STEPS)
     assert recipe.training.keep_final_weights and not recipe.training.checkpoint_every_steps
     run = tmp_path / "run"
     step_losses(recipe, run)
