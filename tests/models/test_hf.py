@@ -225,8 +225,8 @@ def test_llama_from_config_on_padded_text_is_equivalent_under_every_strategy_tha
     raw = {"name": "llama", "model": LLAMA, "data": text, "strategy": {"name": "ddp"},
            "optimizer": {"name": "adam", "lr": 0.01}, "training": {"epochs": 1, "batch_size": 8, "seed": 0},
            "launch": {"tasks_per_node": 2}, "tracking": {"wandb": "disabled"}}
-    proc = _verify(tmp_path, raw, "ddp,fsdp,zero:stage=2,zero:stage=3,tensor")
-    _certified(tmp_path, proc, {"ddp", "fsdp", "zero_stage2", "zero_stage3", "tensor"})
+    proc = _verify(tmp_path, raw, "ddp,fsdp,fsdp1,zero:stage=2,zero:stage=3,tensor")
+    _certified(tmp_path, proc, {"ddp", "fsdp", "fsdp1", "zero_stage2", "zero_stage3", "tensor"})
 
 
 @pytest.mark.timeout(900)  # suite.verify: single and its noise floor in fp64 and fp32, then each strategy
