@@ -16,7 +16,8 @@ def _short(candidate, steps: int) -> dict:
 
     raw = yaml.safe_load(recipes.dump(candidate.recipe))
     tr = raw["training"]
-    tr.update(max_steps=steps, epochs=max(tr.get("epochs", 1), steps), eval_every_epochs=0, checkpoint_every_steps=0)
+    tr.update(max_steps=steps, epochs=max(tr.get("epochs", 1), steps), eval_every_epochs=0, checkpoint_every_steps=0,
+              keep_final_weights=False)
     raw["name"] = f"{raw['name']}-advise"
     raw.pop("arm", None)
     return raw

@@ -1,5 +1,5 @@
 """Third-party internals the suite relies on, quarantined: one module per library
-(``deepspeed``, ``torch``, ``torchvision``, ``submitit``). Every private or undocumented name the suite touches,
+(``deepspeed``, ``torch``, ``torchvision``, ``submitit``, ``transformers``). Every private or undocumented name the suite touches,
 and every library method it patches or overrides, is reached only through these modules, each
 access checked against the library versions in ``CHECKED`` (constraints.txt, the tested set).
 
@@ -14,7 +14,8 @@ import types
 from importlib import metadata
 
 # The versions every access in suite/compat/ was checked on (in constraints.txt, the tested set).
-CHECKED = {"torch": "2.14.1", "torchvision": "0.29.1", "deepspeed": "0.19.8", "submitit": "1.5.4"}
+CHECKED = {"torch": "2.14.1", "torchvision": "0.29.1", "deepspeed": "0.19.8", "submitit": "1.5.4",
+           "transformers": "5.17.0"}
 # The libraries a study leans on at the versions the test suite passed on (constraints.txt), and
 # what is untested where another version is installed (pyproject.toml allows ranges).
 TESTED = {**CHECKED, "fairscale": "0.4.13", "wandb": "0.31.0"}
@@ -25,7 +26,10 @@ UNTESTED = {
     "submitit": "suite/compat/submitit.py and the Slurm launcher",
     "fairscale": "strategies oss and fairscale_pipe",
     "wandb": "W&B export and the offline-run reader",
+    "transformers": "suite/compat/transformers.py and the Hugging Face models (suite/models/hf.py)",
 }
+# Libraries only an extra installs (hf): absent is fine, another version is not.
+OPTIONAL = {"transformers"}
 
 
 class CompatError(RuntimeError):
@@ -55,6 +59,8 @@ def untested(have: dict[str, str | None] | None = None) -> list[str]:
     out = []
     for lib, tested in TESTED.items():
         version = have.get(lib)
+        if version is None and lib in OPTIONAL:
+            continue
         if version is None or release(version) != tested:
             out.append(f"{lib} {version or 'not installed'} (tested {tested}; untested: {UNTESTED[lib]})")
     return out

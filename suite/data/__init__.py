@@ -43,7 +43,7 @@ class DataSpec:
 
 
 _MODULES = ["synthetic", "digits", "vision", "tokens", "shapes", "segmentation_folder", "coco", "text", "text_synthetic",
-            "custom"]
+            "text_files", "custom"]
 DATASETS = {}
 for _m in _MODULES:
     _mod = importlib.import_module(f"suite.data.{_m}")

@@ -6,8 +6,11 @@ again from the record, replacing the offline files). See suite/record/wandb_expo
 ``python -m suite.export RUN_DIR --model FILE.safetensors``: write the run's trained model (its
 last complete checkpoint) as one safetensors file, whatever its strategy and world size, that
 loads with ``load_state_dict(strict=True)`` into the plain model, with ``FILE.json`` beside it
-(the recipe's model section, how to build the plain model, the data spec, the step). The run's
-strategy is rebuilt at its own world size on this machine (forked ranks) to gather the model."""
+(the recipe's model section, how to build the plain model, the data spec, the step).
+``--hf DIR`` instead: a Hugging Face model as ``save_pretrained`` writes it (and the run's
+tokenizer), which ``from_pretrained(DIR)`` loads. A completed run keeps its final weights
+(``training.keep_final_weights``, on by default). The run's strategy is rebuilt at its own
+world size on this machine (forked ranks) to gather the model."""
 from __future__ import annotations
 
 import argparse
@@ -37,13 +40,17 @@ def main(argv=None) -> int:
     p.add_argument("--model", metavar="FILE.safetensors", type=Path,
                    help="write the run's trained model (latest checkpoint) to this safetensors file, and its "
                         "config to FILE.json, instead of W&B runs; one run folder")
+    p.add_argument("--hf", metavar="DIR", type=Path,
+                   help="write the run's trained Hugging Face model (latest checkpoint) as save_pretrained does "
+                        "(config.json, model.safetensors, and the run's tokenizer) to this folder; one run folder")
     args = p.parse_args(argv)
-    if args.model is not None:
-        if len(args.runs) != 1:
-            print("error: --model exports one run; give one run folder", file=sys.stderr)
+    if args.model is not None or args.hf is not None:
+        if len(args.runs) != 1 or (args.model is not None and args.hf is not None):
+            print("error: --model and --hf export one run, one of them at a time; give one run folder", file=sys.stderr)
             return 2
         try:
-            return export_model(Path(args.runs[0]), args.model)
+            return export_model(Path(args.runs[0]), args.hf if args.hf is not None else args.model,
+                                hf_folder=args.hf is not None)
         except SuiteError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -61,14 +68,15 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def export_model(folder: Path, out: Path) -> int:
+def export_model(folder: Path, out: Path, hf_folder: bool = False) -> int:
     if not (folder / "recipe.yaml").is_file():
         raise SuiteError(f"{folder} is not a run folder (no recipe.yaml)")
     saved = run_record.latest_checkpoint(folder)
     if saved is None:
         raise SuiteError(f"{folder} holds no complete checkpoint ({run_record.checkpoint_folder(folder)}/latest.json); "
-                         f"train with training.checkpoint_every_steps set, or resume the run until it saves one")
-    if out.suffix != ".safetensors":
+                         f"train with training.keep_final_weights=true (the default) or training.checkpoint_every_steps "
+                         f"set, or resume the run until it saves one")
+    if not hf_folder and out.suffix != ".safetensors":
         raise SuiteError(f"--model {out}: name the file FILE.safetensors (its config is written to FILE.json)")
     # start-up: the recipe, torch and the strategies load only for a model export, not a W&B one
     from suite import recipe as recipes
@@ -81,7 +89,7 @@ def export_model(folder: Path, out: Path) -> int:
     if saved["world_size"] != recipe.world_size:
         raise SuiteError(f"the checkpoint in {run_record.checkpoint_folder(folder)} was saved at world size "
                          f"{saved['world_size']}, the recipe says {recipe.world_size}")
-    done = export_task.start_ranks(recipe, folder.resolve(), out.resolve())
+    done = export_task.start_ranks(recipe, folder.resolve(), out.resolve(), hf_folder=hf_folder)
     summary = run_record.read_json(run_record.summary_path(folder)) if run_record.summary_path(folder).exists() else {}
     ended = summary.get("steps")
     note = f" (the run went on to step {ended}: that step was not checkpointed)" if ended and ended != done["step"] else ""

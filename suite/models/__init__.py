@@ -29,6 +29,7 @@ from torch import nn
 
 from suite.data import DataSpec
 from suite.common.errors import SuiteError
+from suite.models import hf
 
 _MODULES = ["mlp", "cnn", "vgg", "resnet", "mobilenet", "autoencoder", "transformer", "llama", "unet", "segnet", "nbow", "seq2seq", "custom"]
 MODELS = {}
@@ -46,7 +47,18 @@ def build(options, spec: DataSpec):
     if not isinstance(model, nn.Module):
         raise SuiteError(f"{source(options)} returns {type(model).__name__}, not an nn.Module; "
                          f"return the model (an nn.Sequential of blocks if it is to be split)")
+    if hf.is_hf(model):  # a transformers model: its forward returns the logits (suite.models.hf)
+        model = hf.adapt(model)
+    given = getattr(options, "tp_plan", None)
+    if given:  # the recipe's tensor-parallel plan (model.tp_plan), read by strategy tensor
+        model.suite_tp_plan = dict(given)
     return model
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP shards one by one and activation checkpointing recomputes: an HF model's own
+    transformer blocks (``suite.models.hf.units``), else the top-level children with parameters."""
+    return hf.units(model) or [b for b in model.children() if any(True for _ in b.parameters())]
 
 
 def source(options) -> str:

@@ -13,7 +13,7 @@ is called once on the meta device when the recipe is validated: a misspelt argum
 line naming it, before launch, not a traceback in every rank."""
 import re
 import warnings
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, model_validator
 
@@ -35,6 +35,12 @@ with warnings.catch_warnings():
         section: ClassVar = "model"
         fixed_args: ClassVar = ("spec",)
         task: Literal["classification", "reconstruction", "language", "segmentation"] = "classification"
+        # language: "task" scores with the suite's loss (each sequence weighs the same), "model" with
+        # a Hugging Face model's own (its .loss with labels: the mean over the batch's scored tokens)
+        loss: Literal["task", "model"] = "task"
+        # strategy tensor: {module path (* for any index): colwise | rowwise | colwise_gather_output},
+        # where the model publishes no plan of its own (suite.models.hf.tensor_parallel_plan)
+        tp_plan: Optional[dict[str, str]] = None
 
         def calls_with_spec(self) -> bool:
             return takes_spec(self.factory())
@@ -52,6 +58,9 @@ with warnings.catch_warnings():
         def _arguments_build(self):
             """Both ways of giving an argument at once is ambiguous; a constructor whose signature
             takes ``**kwargs`` is tried on the meta device (no memory, no initialisation)."""
+            if self.loss == "model" and self.task != "language":
+                raise SuiteError(f"model.loss=model takes a language model's own loss, and model.task={self.task}; "
+                                 f"set model.loss=task")
             twice = sorted(self.beside() & set(self.kwargs))
             if twice:
                 raise SuiteError(f"model.{twice[0]} is given both beside model.target and in model.kwargs; "

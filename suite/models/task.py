@@ -16,6 +16,17 @@ class Task:
         self.kind = kind
         self.has_accuracy = kind != "reconstruction"
         self.num_classes = num_classes  # segmentation: classes of the masks (per-class IoU sums)
+        # language with model.loss=model: the model's own loss, fn(logits, next-token targets)
+        # (suite.models.hf.loss_function); the run record names which loss trained (``loss_name``)
+        self.model_loss = None
+        self.loss_name = {"reconstruction": "task: mean squared error against the input",
+                          "language": "task: per-token cross-entropy, mean per sequence, then over sequences",
+                          }.get(kind, "task: cross-entropy")
+
+    def use_model_loss(self, loss, name: str) -> None:
+        """Train on the model's own loss instead (evaluation still sums token losses: val_loss is
+        the mean token loss either way)."""
+        self.model_loss, self.loss_name = loss, f"model: {name}"
 
     @property
     def eval_size(self) -> int:
@@ -25,6 +36,8 @@ class Task:
     def loss(self, output, inputs, targets) -> torch.Tensor:
         if self.kind == "reconstruction":
             return F.mse_loss(_upcast(output), inputs)
+        if self.kind == "language" and self.model_loss is not None:
+            return self.model_loss(output, targets)
         if self.kind == "language":
             # Each sequence weighs the same: the mean over sequences of each one's mean token loss.
             # A mean over samples is what data-parallel ranks can average (equal shards) and
@@ -45,6 +58,8 @@ class Task:
         if not self.has_accuracy:
             return torch.zeros((), device=output.device)
         right = (self.predicted(output) == targets).float()
+        if self.kind == "language" and self.model_loss is not None:
+            return self.model_loss(output, targets)
         if self.kind == "language":
             # Each sequence counts as one sample scored by its fraction of right scored tokens
             # (targets IGNORE are not scored), as in the training loss.

@@ -55,6 +55,8 @@ def model_step(recipe) -> dict:
     # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
     from suite.planner.counting import LiveBytes, OpCosts, fake_batch
     from suite.models import empty  # start-up: loads torch only when this runs
+    # start-up: loads torch, suite.strategies only when this runs
+    from suite.strategies.tensor import published_roles
     # start-up: loads torch, numpy, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
     # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
@@ -116,6 +118,7 @@ def model_step(recipe) -> dict:
             "block_parameters": [sum(p.numel() for p in block.parameters()) for block in blocks],
             "linears": [[name, *io] for name, io in linears.items()],
             "ops": {"passes": pass_ops.summary(layout.accumulation_steps), "update": update_ops.summary()} if gpu else {},
+            "tensor_roles": sorted(published_roles(model).items()),
             "batchnorm_channels": [m.num_features for m in model.modules() if isinstance(
                 m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm))]}
 
@@ -154,9 +157,13 @@ def _tensor_bytes(value) -> int:
 
 
 def unit_bytes(model) -> list[int]:
-    """Parameter bytes of the units a sharding strategy gathers one at a time: each top-level
-    block with parameters, then the root's own (what is left)."""
-    blocks = [sum(p.numel() * p.element_size() for p in block.parameters()) for block in model.children()]
+    """Parameter bytes of the units a sharding strategy gathers one at a time: each block with
+    parameters (``suite.models.units``: the top-level ones, or an HF model's own), then the
+    root's own (what is left)."""
+    # start-up: loads torch, suite.models only when this runs
+    from suite.models import units
+
+    blocks = [sum(p.numel() * p.element_size() for p in block.parameters()) for block in units(model)]
     blocks = [b for b in blocks if b]
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     return blocks + ([total - sum(blocks)] if total > sum(blocks) else [])
@@ -188,7 +195,8 @@ def step_sizes(recipe, g: int, p: int, step: dict, parts: int = 1):
                      optimizer_bytes=step.get("optimizer_bytes", 0), parts=parts,
                      cuda=uses_cuda(recipe.launch.device), boundary_bytes=step.get("boundary_bytes", 0),
                      batchnorm_channels=tuple(step.get("batchnorm_channels", ())), model_name=recipe.model.name,
-                     linears=tuple(tuple(x) for x in step.get("linears", ())))
+                     linears=tuple(tuple(x) for x in step.get("linears", ())),
+                     tensor_roles=tuple(tuple(x) for x in step.get("tensor_roles", ())))
 
 
 def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, int]]:

@@ -67,6 +67,10 @@ class Training(Strict):
     eval_every_epochs: NonNegativeInt = 1  # 0: never evaluate
     log_every_steps: PositiveInt = 10
     checkpoint_every_steps: NonNegativeInt = 0  # 0: only when preempted or timed out
+    # A checkpoint after the last step, so that a completed run keeps its trained model for
+    # python -m suite.export (--model, --hf); false where only the measurements matter (benchmarks).
+    # The torch strategies' loop saves it; TensorFlow's strategies save no checkpoints at all.
+    keep_final_weights: bool = True
     # Each initial weight times (1 + this x a seeded standard normal draw): a run one rounding
     # error away from the unperturbed one, whose distance from it over the steps is the noise
     # floor suite.verify judges a strategy against. 0: the weights as the seed makes them.

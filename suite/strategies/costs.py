@@ -93,6 +93,10 @@ class StepSizes:
     # Each linear layer, in order: (name, input bytes, output bytes, whether its input needs a
     # gradient), at the accumulation batch (tensor parallelism's all-reduces are sized by them).
     linears: tuple = ()
+    # Where the model publishes (or the recipe gives) its tensor-parallel plan: each split linear
+    # layer's role, (name, "colwise" | "colwise_gather_output" | "rowwise") pairs; empty for the
+    # built-ins' own layouts
+    tensor_roles: tuple = ()
 
 
 def data_parallel_all_reduce(step: StepSizes) -> Comm:

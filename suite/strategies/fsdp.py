@@ -22,6 +22,7 @@ import torch
 from pydantic import PositiveInt
 
 from suite.compat import torch as torch_compat
+from suite.models import units
 from suite.strategies.layout import Axis
 from suite.strategies import costs, splitting
 from suite.strategies.base import ModuleEngine, StrategyOptions
@@ -107,14 +108,15 @@ def without_inplace(model: torch.nn.Module) -> None:
 
 
 def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) -> torch.nn.Module:
-    """Shard each top-level block, then the root (which takes whatever is left: also blocks that
-    share a parameter with another, such as a tied embedding and head, which no unit may own alone)."""
+    """Shard each block (``suite.models.units``), then the root (which takes whatever is left: also
+    blocks that share a parameter with another, such as a tied embedding and head, which no unit may
+    own alone)."""
     from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
 
     without_inplace(model)
-    shared = splitting.shared_blocks(model)
-    for name, block in model.named_children():
-        if name not in shared and any(p.requires_grad for p in block.parameters()):
+    shared = {id(model.get_submodule(name)) for name in splitting.shared_blocks(model)}
+    for block in units(model):  # the top-level blocks, or an HF model's own (its _no_split_modules)
+        if id(block) not in shared and any(p.requires_grad for p in block.parameters()):
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     # A Linear on [B, T, D] returns a view, which FSDP2 warns about in case the caller edits it
     # in place; the next block no longer does (without_inplace) and the loss (suite.models.task)

@@ -19,6 +19,7 @@ from typing import ClassVar, Literal
 
 
 from suite.compat import torch as torch_compat
+from suite.models import units
 from suite.strategies import costs, splitting
 from suite.strategies.base import ModuleEngine, StrategyOptions
 from suite.strategies.keys import Refused
@@ -71,9 +72,11 @@ def build(opts: Options, setup) -> FSDP1Engine:
     model = setup.prepare(setup.build_model().to(device))
     sharding = {"full": ShardingStrategy.FULL_SHARD, "grad_op": ShardingStrategy.SHARD_GRAD_OP}[opts.sharding]
     kwargs = dict(sharding_strategy=sharding, device_id=device, use_orig_params=True)
-    shared = splitting.shared_blocks(model)  # a tied embedding and head: left to the root's unit
-    for name, block in model.named_children():
-        if name not in shared and any(p.requires_grad for p in block.parameters()):
-            model.register_module(name, FSDP(block, **kwargs))
+    names = {id(m): name for name, m in model.named_modules()}
+    shared = {id(model.get_submodule(name)) for name in splitting.shared_blocks(model)}  # a tied embedding and head: left to the root's unit
+    for block in units(model):  # the top-level blocks, or an HF model's own (its _no_split_modules)
+        if id(block) not in shared and any(p.requires_grad for p in block.parameters()):
+            parent, _, name = names[id(block)].rpartition(".")
+            model.get_submodule(parent).register_module(name, FSDP(block, **kwargs))
     # The root's full state_dict (FSDP1's default) has the model's own keys, gathered on every rank.
     return FSDP1Engine(setup, FSDP(model, **kwargs))

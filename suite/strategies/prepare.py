@@ -13,10 +13,12 @@ Because it acts on the blocks themselves, before any wrapper, every strategy tak
 (each was run against the baseline); fairscale_pipe's own ``strategy.checkpoint`` recomputes
 its partitions on top.
 
-Both act per top-level block with parameters (a transformer block, an MLP layer), like
-torchtitan, and leave parameter names and ``state_dict`` keys unchanged, so checkpoints load
-either way: checkpointing replaces the block's ``forward`` on the instance, compiling uses
-``nn.Module.compile`` (in place; ``torch.compile(module)`` would prefix every key with ``_orig_mod.``).
+Both act per block (``suite.models.units``: a top-level block with parameters, such as a
+transformer block or an MLP layer, or a Hugging Face model's own decoder blocks), like torchtitan;
+a Hugging Face model is checkpointed by its own switch (``gradient_checkpointing_enable``).
+Both leave parameter names and ``state_dict`` keys unchanged, so checkpoints load either way:
+checkpointing replaces the block's ``forward`` on the instance, compiling uses ``nn.Module.compile``
+(in place; ``torch.compile(module)`` would prefix every key with ``_orig_mod.``).
 
 ``training.activation_checkpointing: selective`` is torchtitan's selective *op* checkpointing
 (its default for the published Llama 3 runs): each block is still recomputed in backward, but the
@@ -45,6 +47,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from suite.common.errors import SuiteError
+from suite.models import hf, units
 
 
 def prepare(model: nn.Module, *, activation_checkpointing: bool | str, compile: bool, device: torch.device,
@@ -56,8 +59,8 @@ def prepare(model: nn.Module, *, activation_checkpointing: bool | str, compile: 
         from suite.strategies import batchnorm  # start-up: torch.distributed.nn, only where it is used
 
         model = batchnorm.sync(model, batchnorm_group, device)
-    blocks = [b for b in model.children() if any(True for _ in b.parameters())]
-    if activation_checkpointing:
+    blocks = units(model)
+    if activation_checkpointing and not hf.gradient_checkpointing(model):  # HF's own switch where it has one
         for block in blocks:
             checkpoint_block(block, selective=activation_checkpointing == "selective")
     if compile:

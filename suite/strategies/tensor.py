@@ -12,10 +12,13 @@ DTensor (DDP does not: it fails on DTensor parameters).
 A model gets tensor parallelism by having a layout here: one short function from the model to
 ``{module path: ColwiseParallel() | RowwiseParallel()}``, refusing degrees it cannot split by.
 The transformers' layouts are each block's linear layers by name (``BLOCK_ROLES``), Megatron's
-and torchtitan's: the layers that open a pair column-wise, the ones that close it row-wise.
+and torchtitan's: the layers that open a pair column-wise, the ones that close it row-wise;
+or by publishing a plan (a Hugging Face model's ``base_model_tp_plan``) or being given one in
+the recipe (``model.tp_plan``): ``published_plan``.
 """
 from __future__ import annotations
 
+import fnmatch
 from typing import ClassVar, Literal, Optional
 
 import torch
@@ -26,7 +29,7 @@ from suite.compat import torch as torch_compat
 from suite.strategies.layout import Axis
 from suite.strategies import costs, fsdp, scaling
 from suite.strategies.base import ModuleEngine, StrategyOptions
-from suite.models import llama
+from suite.models import hf, llama
 from suite.models.transformer import Block
 
 
@@ -114,6 +117,83 @@ def llama_plan(model: torch.nn.Module, tp: int) -> dict:
 PLANS = {"mlp": mlp_plan, "transformer": transformer_plan, "llama": llama_plan}
 
 
+def published_plan(model: torch.nn.Module, tp: int, source: str = "the model") -> dict:
+    """The plan a model publishes (a Hugging Face model's ``base_model_tp_plan`` and head plan) or
+    the recipe gives (``model.tp_plan``), as DTensor styles for the Linear layers it names (``*``
+    matches any one name, as in HF's plans). A layer whose weight is shared with another (tied
+    input and output embeddings) stays replicated: sharding one would split the other's weight."""
+    plan = hf.tensor_parallel_plan(model)
+    if not plan:
+        raise SuiteError(f"strategy tensor has layouts for models {', '.join(PLANS)} and for models that publish a "
+                         f"tensor-parallel plan; {source} publishes none: give one as model.tp_plan "
+                         f"({{module path: colwise | rowwise}}), or use fsdp/ddp")
+    config = getattr(model, "config", None)
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if isinstance(getattr(config, key, None), int):
+            _require_divisible(f"the model's {key}", getattr(config, key), tp)
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(name)
+    tied = {name for names in owners.values() if len(names) > 1 for name in names}
+    layout = {}
+    for name, module in model.named_modules():
+        style = next((s for pattern, s in plan.items() if _matches(pattern, name)), None)
+        if style is None or name in tied:
+            continue
+        if style not in STYLES:
+            raise SuiteError(f"tensor-parallel plan of {source}: {name} has style {style!r}; the suite splits with "
+                             f"{', '.join(STYLES)}; give model.tp_plan")
+        if not isinstance(module, torch.nn.Linear):
+            raise SuiteError(f"tensor-parallel plan of {source}: {name} is a {type(module).__name__}, and the "
+                             f"suite splits Linear layers only; leave it out of model.tp_plan")
+        width = module.out_features if style.startswith("colwise") else module.in_features
+        _require_divisible(f"the width of {name}", width, tp)
+        layout[name] = _style(style)
+    if not layout:
+        raise SuiteError(f"the tensor-parallel plan of {source} names no layer of the model ({', '.join(plan)}); "
+                         f"fix model.tp_plan's module paths")
+    return layout
+
+
+def published_roles(model: torch.nn.Module) -> dict[str, str]:
+    """{linear layer name: "colwise" | "colwise_gather_output" | "rowwise"} by the plan the model
+    publishes or is given ({} where none): what the planner counts the collectives of."""
+    plan = hf.tensor_parallel_plan(model)
+    found = {}
+    for name, module in model.named_modules():
+        style = next((s for pattern, s in plan.items() if _matches(pattern, name)), None)
+        if style and isinstance(module, torch.nn.Linear):
+            found[name] = style if style in ("colwise", "colwise_gather_output") else "rowwise"
+    return found
+
+
+def _matches(pattern: str, name: str) -> bool:
+    parts, names = pattern.split("."), name.split(".")
+    return len(parts) == len(names) and all(fnmatch.fnmatchcase(n, p) for p, n in zip(parts, names))
+
+
+# HF's names of the DTensor styles the suite applies to a Linear layer.
+STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
+
+
+def _style(name: str):
+    # start-up: loads torch only when this runs
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"colwise": lambda: ColwiseParallel(), "rowwise": lambda: RowwiseParallel(),
+            "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+            "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate())}[name]()
+
+
+def plan_of(model_name: str, model: torch.nn.Module, tp: int, source: str = "the model") -> dict:
+    """The layout for a built-in model, else the plan the model publishes or the recipe gives."""
+    if model_name in PLANS:
+        return PLANS[model_name](model, tp)
+    return published_plan(model, tp, source)
+
+
 class Options(StrategyOptions):
     name: Literal["tensor"] = "tensor"
     warm_imports: ClassVar = (torch_compat.DYNAMO,)
@@ -135,11 +215,10 @@ class Options(StrategyOptions):
         return [Axis("data", self.dp, "strategy.dp", data=True), Axis("tensor", self.tp, "strategy.tp")]
 
     def check(self, layout, model) -> None:
-        tp_plan = PLANS.get(model.name)
-        if tp_plan is None:
+        if model.name not in PLANS and model.name != "custom":
             raise SuiteError(f"strategy tensor has layouts for models {', '.join(PLANS)}, not "
                              f"model.name={model.name!r}; use one of those, or fsdp/ddp")
-        tp_plan(model.build_meta(), layout.degree("tensor"))
+        plan_of(model.name, model.build_meta(), layout.degree("tensor"), model.source)
 
     def held_fraction(self, total: dict, layout) -> dict:
         # A lower bound: the layers left out of the layout are held in full by every tp rank.
@@ -154,14 +233,19 @@ class Options(StrategyOptions):
         sharded = costs.sharded_units(step, gathers=2) if step.layout.dp_size > 1 else {}
         if step.layout.degree("tensor") < 2 or not step.linears:
             return sharded
-        split = roles(step.model_name, [name for name, *_ in step.linears])
-        n_bytes = calls = 0
+        split = dict(step.tensor_roles) or roles(step.model_name, [name for name, *_ in step.linears])
+        n_bytes = calls = gathered = gathers = 0
         for name, in_bytes, out_bytes, input_grad in step.linears:
             role = split.get(name)
-            if role == "rowwise" or (role == "colwise" and input_grad):
+            if role == "rowwise" or (role in ("colwise", "colwise_gather_output") and input_grad):
                 n_bytes, calls = n_bytes + (out_bytes if role == "rowwise" else in_bytes), calls + 1
+            if role == "colwise_gather_output":  # its output slices gathered whole in forward (an HF head)
+                gathered, gathers = gathered + out_bytes, gathers + 1
         passes = step.layout.accumulation_steps
-        return costs.merged(sharded, {"all_reduce": (n_bytes * passes, calls * passes)} if calls else {})
+        comm = {"all_reduce": (n_bytes * passes, calls * passes)} if calls else {}
+        if gathers:
+            comm["all_gather"] = (gathered * passes, gathers * passes)
+        return costs.merged(sharded, comm)
 
     @classmethod
     def search_space(cls, world_size: int) -> list[dict]:
@@ -175,10 +259,9 @@ def build(opts: Options, setup) -> ModuleEngine:
     ctx = setup.ctx
     mesh = setup.layout.device_mesh(ctx)
     model = setup.build_model().to(ctx.device)
-    tp_plan = PLANS[setup.model_name]
     # Order as in torchtitan: tensor parallel, then checkpointing and compile (setup.prepare),
     # then FSDP over the data-parallel dimension.
-    parallelize_module(model, mesh["tensor"], tp_plan(model, mesh["tensor"].size()))
+    parallelize_module(model, mesh["tensor"], plan_of(setup.model_name, model, mesh["tensor"].size()))
     model = setup.prepare(model)
     if setup.layout.dp_size == 1:
         return ModuleEngine(setup, model)

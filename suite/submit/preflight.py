@@ -54,6 +54,7 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
         check_batch_fits_data(r)
         check_targets(r)
         est = estimate(r)
+        check_step(r)
         check_memory(r, est, node, force)
         line = None if slurm else oversubscription(r.launch, node.cores)
         if line and line not in warned:
@@ -163,6 +164,16 @@ def check_targets(recipe) -> None:
     if targets == "masks" and task in ("classification", "language"):
         raise SuiteError(f"data.name={recipe.data.name} gives a mask per image (a class id per pixel), but "
                          f"{source(recipe.model)} predicts one {task} output per sample; use model.name=unet or segnet")
+
+
+def check_step(recipe) -> None:
+    """One forward, loss and backward of the model on a batch without values (``suite.models.
+    trial``): a model whose output the task cannot score is refused here, not in every rank."""
+    if recipe.strategy.owns_training:  # TensorFlow's strategies build their own Keras model
+        return
+    from suite.models import trial  # start-up: loads suite.models only when this runs
+
+    trial.check_step(recipe.model, recipe.data.spec())
 
 
 def estimate(recipe) -> dict:

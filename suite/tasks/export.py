@@ -24,15 +24,17 @@ from safetensors.torch import save_file
 from suite import strategies
 from suite.common.errors import SuiteError
 from suite.common.ports import free_port
+from suite.models import hf, source
 from suite.strategies import prepare
 from suite.strategies.engine import NoFullModelState
 from suite.train import checkpoint, dist as sdist
 from suite.train.rank import make_setup
 
 
-def export_rank(recipe, run_dir: Path, out: Path) -> dict | None:
+def export_rank(recipe, run_dir: Path, out: Path, hf_folder: bool = False) -> dict | None:
     """This rank's part of the export; rank 0 returns what it wrote ({"model", "config", "step",
-    "tensors"}), the others None."""
+    "tensors"}), the others None. ``hf_folder``: ``out`` is a folder for Hugging Face's
+    ``save_pretrained`` (``write_hf``) instead of one safetensors file."""
     launch = recipe.launch
     ctx = sdist.init(launch.device, launch.devices_per_task, launch.cpus_per_task, launch.collective_timeout_s)
     try:
@@ -53,6 +55,8 @@ def export_rank(recipe, run_dir: Path, out: Path) -> dict | None:
             finally:
                 engine.close()
         _check_against(plain, state, recipe.strategy.name)
+        if hf_folder:
+            return write_hf(recipe, plain, state, out, loop["step"])
         out.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in state.items()}, str(out),
                   metadata={"run": str(run_dir), "step": str(loop["step"]), "strategy": recipe.strategy.name})
@@ -63,6 +67,25 @@ def export_rank(recipe, run_dir: Path, out: Path) -> dict | None:
         if ctx.world_size > 1 and dist.is_initialized():
             dist.barrier()  # rank 0 has written the file before any rank leaves
         sdist.close()
+
+
+def write_hf(recipe, plain: torch.nn.Module, state: dict, out: Path, step: int) -> dict:
+    """The trained model as ``save_pretrained`` writes it (config.json and model.safetensors), with
+    the run's tokenizer beside it where the data has one (``data.tokenizer``): a folder that
+    ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load."""
+    model = getattr(plain, "hf_model", plain)  # a sequential layout shares the HF model's modules
+    if not hf.is_hf(model):
+        raise SuiteError(f"--hf writes a Hugging Face model, and {source(recipe.model)} builds "
+                         f"{type(plain).__name__}; use --model FILE.safetensors")
+    plain.load_state_dict(state, strict=True)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer = getattr(recipe.data, "tokenizer", None)
+    if tokenizer:
+        from suite.data.text_files import load_tokenizer  # late: only a text data set has a tokenizer
+
+        load_tokenizer(tokenizer).save_pretrained(str(out))
+    return {"model": str(out), "config": str(out / "config.json"), "step": step, "tensors": len(state)}
 
 
 def _check_against(plain: torch.nn.Module, state: dict, strategy: str) -> None:
@@ -94,7 +117,7 @@ def model_config(recipe, run_dir: Path, step: int, state: dict) -> dict:
             "task": getattr(recipe.model, "task", None)}
 
 
-def start_ranks(recipe, run_dir: Path, out: Path, timeout_s: float = 600) -> dict:
+def start_ranks(recipe, run_dir: Path, out: Path, timeout_s: float = 600, hf_folder: bool = False) -> dict:
     """Fork the run's world size of ranks here (a free port; one thread each), run ``export_rank``
     in each; rank 0's result, or SuiteError with the first rank's error."""
     fork = mp.get_context("fork")
@@ -104,7 +127,7 @@ def start_ranks(recipe, run_dir: Path, out: Path, timeout_s: float = 600) -> dic
         parent, child = fork.Pipe(duplex=False)
         env = dict(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        proc = fork.Process(target=_rank_main, args=(env, child, recipe, run_dir, out), daemon=True)
+        proc = fork.Process(target=_rank_main, args=(env, child, recipe, run_dir, out, hf_folder), daemon=True)
         proc.start()
         child.close()
         pipes.append(parent)
@@ -138,11 +161,11 @@ def start_ranks(recipe, run_dir: Path, out: Path, timeout_s: float = 600) -> dic
     return results[0]
 
 
-def _rank_main(env: dict, conn, recipe, run_dir: Path, out: Path) -> None:
+def _rank_main(env: dict, conn, recipe, run_dir: Path, out: Path, hf_folder: bool) -> None:
     os.environ.update(env)
     torch.set_num_threads(1)
     try:
-        conn.send(("ok", export_rank(recipe, run_dir, out)))
+        conn.send(("ok", export_rank(recipe, run_dir, out, hf_folder)))
     except SuiteError as e:
         conn.send(("error", str(e)))
     except BaseException as e:  # noqa: BLE001 - the command says it in one line, the trace goes to stderr

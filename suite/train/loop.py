@@ -91,6 +91,10 @@ class StepLoop:
     def run(self, sampler, loader, val_loader, printer=None) -> list[dict]:
         try:
             epochs = self._run_epochs(sampler, loader, val_loader, printer)
+            if getattr(self.tr, "keep_final_weights", False) and self.step > self._saved_step:
+                # training.keep_final_weights: the trained model stays in the run folder (suite.export)
+                checkpoint.save(self.run_dir, self.ctx, self.engine, self.state())
+                self._saved_step = self.step
         except BaseException:
             checkpoint.settle(self.run_dir)  # a save written beside training still completes, if it can
             raise

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from suite import recipe as recipes, strategies
 from suite.common import cpu_cap, network
 from suite.common.errors import SuiteError
-from suite.models import build as build_model
+from suite.models import build as build_model, hf
 from suite.models.task import Task
 from suite.record import console, gpu, metrics, run_record
 from suite.record.allocated import AllocatedPeak
@@ -121,12 +121,15 @@ def make_setup(recipe, ctx, run_dir=None) -> Setup:
     def model_factory():
         torch.manual_seed(tr.seed)  # every rank and the baseline start from the same weights
         model = build_model(recipe.model, spec)
+        if getattr(recipe.model, "loss", "task") == "model" and task.model_loss is None:
+            task.use_model_loss(*hf.loss_function(model))
         if tr.init_perturbation:
             _perturb(model, tr.init_perturbation, tr.seed)
         return model
 
+    task = Task(recipe.model.task, spec.num_classes)
     return Setup(ctx=ctx, build_model=model_factory, make_optimizer=lambda params: make_optimizer(opt, params),
-                 task=Task(recipe.model.task, spec.num_classes), layout=recipe.layout(),
+                 task=task, layout=recipe.layout(),
                  activation_checkpointing=tr.activation_checkpointing, compile=tr.compile,
                  sync_batchnorm=tr.sync_batchnorm, grad_clip_norm=tr.grad_clip_norm, seed=tr.seed,
                  uneven_batches=tr.balance != "equal",
@@ -313,6 +316,7 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
         "epoch_time_s": [e["epoch_time_s"] for e in epochs],
         "eval_time_s": evals,
         "train_time_s": loop.train_time_s,
+        "loss": loop.task.loss_name,
         "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "val_miou", "val_perplexity")
                   if last.get(k) is not None},
         "ranks": ranks,

@@ -147,7 +147,8 @@ def _short(recipe, steps: int, precision: str) -> dict:
     raw = yaml.safe_load(recipes.dump(recipe))
     tr = raw["training"]
     tr.update(max_steps=steps, epochs=max(tr.get("epochs", 1), steps), precision=precision,
-              eval_every_epochs=0, checkpoint_every_steps=0, log_every_steps=min(tr.get("log_every_steps", 10), steps))
+              eval_every_epochs=0, checkpoint_every_steps=0, keep_final_weights=False,
+              log_every_steps=min(tr.get("log_every_steps", 10), steps))
     raw["name"] = f"{raw['name']}-verify"
     raw.pop("arm", None)
     return raw

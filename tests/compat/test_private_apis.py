@@ -1,5 +1,5 @@
-"""Private names of torch, deepspeed, submitit, fairscale and torchvision are reached only through
-suite/compat/ (docs/compat.md): every other module of suite/ and analysis/ is parsed and any
+"""Private names of torch, deepspeed, submitit, fairscale, torchvision and transformers are reached
+only through suite/compat/ (docs/compat.md): every other module of suite/ and analysis/ is parsed and any
 private name of those libraries fails the test, listed as file:line and the name. Caught:
 
 - importing a module path with a private component (``import torch._dynamo``,
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-LIBRARIES = frozenset({"torch", "deepspeed", "submitit", "fairscale", "torchvision"})
+LIBRARIES = frozenset({"torch", "deepspeed", "submitit", "fairscale", "torchvision", "transformers"})
 SCANNED = ("suite", "analysis")
 QUARANTINE = REPO / "suite" / "compat"
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")

@@ -32,6 +32,7 @@ KEYS = {
     "training.compile": {"training": {"compile": True}},
     "training.sync_batchnorm": {"training": {"sync_batchnorm": False}},
     "training.checkpoint_every_steps": {"training": {"checkpoint_every_steps": 2}},
+    "training.keep_final_weights": {"training": {"keep_final_weights": False}},
     "optimizer.weight_decay": {"optimizer": {"weight_decay": 0.01}},  # SGD with momentum 0.9
     "optimizer.weight_decay=adam": {"optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.01}},
     "data.augment": {"data": {"augment": {"hflip": True}}},
@@ -94,6 +95,8 @@ TORCH = {
     "training.compile": PREPARE,
     "training.sync_batchnorm": "tests/models/test_vision.py",
     "training.checkpoint_every_steps": RESUME,
+    # the loop's save after the last step (default on), left out when false
+    "training.keep_final_weights": "tests/models/test_hf.py::test_a_run_told_not_to_keep_its_weights_keeps_none",
     "optimizer.weight_decay": ASYNC,  # ModuleEngine's optimizer is setup.make_optimizer's, as DeepSpeed's
     "optimizer.weight_decay=adam": ASYNC,
     "data.augment": "tests/data/test_augment.py",
@@ -114,7 +117,8 @@ REFUSED = "refused"
 TF_CLIP = "tests/strategies/test_tensorflow.py::test_grad_clip_norm_binds_and_the_mirrored_loop_clips_the_summed_gradient_as_tf_single"
 BALANCE_SPEED = "tests/strategies/test_balance.py::test_speed_balance_measures_then_splits_and_matches_single"
 BALANCE_SHARES = "tests/strategies/test_balance.py::test_unequal_shares_match_single_process"
-TF_HONOURS = {"training.sync_batchnorm": "n/a: TensorFlow trains model.name=mlp only, which has no batch norm"}
+TF_HONOURS = {"training.sync_batchnorm": "n/a: TensorFlow trains model.name=mlp only, which has no batch norm",
+              "training.keep_final_weights": "n/a: TensorFlow's strategies save no checkpoints, final or periodic"}
 
 
 def decisions() -> dict[str, dict[str, str]]:
