@@ -114,6 +114,15 @@ def storage_key(tensor):
 
 
 @contextmanager
+def functional_collectives():
+    """The operator namespace of torch's functional collectives (``torch.ops._c10d_functional``):
+    selective activation checkpointing keeps a reduce-scatter's output by naming its op there,
+    as torchtitan's save list does."""
+    import torch  # start-up: loads torch only when this runs
+
+    return require_attr(torch.ops, "_c10d_functional", lib=LIB, what="functional collectives' ops")
+
+
 def fused_attention():
     """``F.scaled_dot_product_attention`` (no mask, no dropout) run as one fused flash-attention
     operator, ``aten._scaled_dot_product_flash_attention_for_cpu``, whatever the device: on the

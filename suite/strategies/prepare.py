@@ -47,6 +47,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from suite.common.errors import SuiteError
+from suite.compat import torch as torch_compat
 from suite.models import hf, units
 
 
@@ -91,7 +92,7 @@ def _selective_forward(self, *args, **kwargs):
 def _saved_ops() -> set:
     """torchtitan's ``_save_list``: the operators whose outputs selective checkpointing keeps
     (those this torch has), the matmuls then every other one."""
-    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+    aten, c10d = torch.ops.aten, torch_compat.functional_collectives()
     names = [(aten, "mm"), (aten, "_scaled_dot_product_efficient_attention"),
              (aten, "_scaled_dot_product_flash_attention"), (aten, "_scaled_dot_product_cudnn_attention"),
              (aten, "_scaled_dot_product_flash_attention_for_cpu"), (c10d, "reduce_scatter_tensor"), (aten, "max")]

@@ -56,8 +56,9 @@ def test_the_tested_versions_are_the_installed_ones_the_constraints_and_within_t
     from suite.compat import TESTED
 
     pinned = _constraints()
-    ranges = {Requirement(r).name: Requirement(r).specifier for r in tomllib.loads(
-        (REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = [r for group in project["optional-dependencies"].values() for r in group]
+    ranges = {Requirement(r).name: Requirement(r).specifier for r in extras + project["dependencies"]}
     docs = (REPO / "docs/compat.md").read_text()
     for lib, version in TESTED.items():
         assert installed_version(lib).split("+")[0] == version, lib
