@@ -1,7 +1,7 @@
 """A pipeline's step on its path: the bubble its busiest stage idles, its compute where ranks share
 cores, and which of the first stage's calls (what the profile counts) the step waits for and how
 often; used by ``suite.planner.timing.predict_step_time``. The rules, and what each was measured
-on, are in each function and in docs/plan.md."""
+on, are in each function and in docs/time.md."""
 from __future__ import annotations
 
 
