@@ -49,9 +49,7 @@ def combined(passes: list[dict]) -> dict:
     """Several passes of ``rank_main``'s measurements as one: each size's, slice's and burst's time
     the median over the passes (the first pass's hosts, backend and threads). A calibration whose
     speed samples swing (``hardware.speed_spread``) times its collectives again, so that one slow
-    spell does not set them: on the Intel VM two calibrations minutes apart fitted all_reduce at 565
-    and 1,300 MB/s, and a benchmark's 30 runs predicted from the slow one missed by a median 22 %,
-    from the other 11 %."""
+    spell does not set them (benchmarks/results/code-rules.md)."""
     if len(passes) == 1:
         return passes[0]
     first = passes[0]
@@ -71,8 +69,7 @@ def pooled(in_step: dict) -> dict:
     """``time_in_step``'s costs with the collectives' pooled: at each slice, the median of the
     all-reduce's, all-gather's and reduce-scatter's per-call cost stands for all three. What a
     call waits for in a step is a core for the collective's threads, once per call whatever its
-    kind (measured: the three within the noise of one another, 1-2 ms on 2 cores, while one
-    kind's figure moved by up to 2x between two calibrations); send and broadcast, which wake
+    kind (the three agree within their noise: benchmarks/results/code-rules.md); send and broadcast, which wake
     fewer threads, keep their own."""
     kinds = [k for k in POOLED if k in in_step]
     if len(kinds) < 2:

@@ -60,14 +60,10 @@ def message_fits(kind: str, link: str, profile: StepProfile, calibration: dict, 
     with all the node's ranks at once (None where it did not, or where each rank has a core).
 
     A pair of ranks timed alone finds idle cores; in the run, the receiver, and the gloo thread that
-    takes its message in, wait for a core the node's other ranks hold. Measured with gloo, 4
-    processes on 2 cores: a 64 KiB ping-pong took 0.07 ms one way with the other two idle, 0.4-0.8
-    ms with them computing. The calibration at the node's rank count times each rank's sends
-    between slices of compute while every rank steps (``time_in_step``), which is that wait. Over
-    the stored pipeline runs at 4 ranks on 2 cores (47 runs: GPipe and 1F1B at 4 stages, pipeline
-    x dp; 13 models), median |error| 18 -> 13 %, p90 32 -> 29 %; GPipe on millisecond stages
-    (-56 .. -65 %) -40 .. -53 %; heavily unbalanced pipelines, already over-predicted, more so
-    (a CNN's 1F1B whose first stage holds 87 % of the compute, +47 -> +78 %)."""
+    takes its message in, wait for a core the node's other ranks hold: several times the idle
+    time. The calibration at the node's rank count times each rank's sends between slices of
+    compute while every rank steps (``time_in_step``), which is that wait (figures:
+    benchmarks/results/code-rules.md)."""
     if kind not in ("send", "recv"):
         return None
     per_node = options.get("ranks_per_node") or profile.world_size
@@ -130,12 +126,7 @@ def cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> bo
     holds. A collective overlaps compute only where something else runs it: a GPU's copy engines
     and NCCL's own SMs, an idle core, or, with more ranks than cores, another rank computing while
     this one waits. With one rank per core, gloo's threads take their time from the ranks'
-    compute: nothing is hidden. Measured: ZeRO-3 at 2 ranks on 2 cores stepped in 209 ms, against
-    128 ms predicted with half its communication hidden and 170 ms with none. At 4 ranks on 2
-    cores (the ranks' compute 178 ms with all 4 stepping at once) DDP stepped in 196 ms with 45 ms
-    of all-reduce, FSDP within 8-23 % of its rule's prediction and 20-42 % above the one with
-    nothing hidden; allreduce, whose reductions follow backward on every rank at once, as
-    predicted (250 ms)."""
+    compute: nothing is hidden (figures: benchmarks/results/code-rules.md)."""
     device = options.get("device")
     if calibration["compute"].get("per_device"):  # a GPU preset
         return False

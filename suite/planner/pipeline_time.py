@@ -90,11 +90,7 @@ def neighbour_ratio(stage_s: list[float] | None, stages: int, busiest_share: flo
     messages between them (what the calibration's in-step send costs), up to its length. So, with
     a core or a device per rank, the busiest stage pays its sends' and receives' time less that
     idle time (``predict_step_time``: ``messages_ready_s``, the part absorbed); balanced stages
-    pay them in full. Measured with 2 ranks on 2 cores: GPipe on a CNN whose first stage holds 87 %
-    of the compute stepped in 5.7 ms, its compute alone predicted 5.3 ms and its 8 messages 4.0 ms
-    more; a transformer cut into 2 equal stages paid its messages in full; a bag-of-words model
-    whose light stage idles 1.2 ms a step, less than its messages' 2.4 ms, paid them nearly in full
-    (taking them in the ratio alone predicted it 36-51 % fast). With more ranks than cores a
+    pay them in full (benchmarks/results/code-rules.md). With more ranks than cores a
     neighbour's idle time goes to another rank's compute, and the rule is not applied."""
     if stages < 2:
         return 1.0
