@@ -3,9 +3,12 @@ are measured by the full benchmark on a quiet machine, never in tests (they woul
 import subprocess
 import sys
 
+import pytest
+
 COMPARE = ["benchmarks/compare.py"]
 
 
+@pytest.mark.slow
 def test_a_quick_section_writes_results_with_the_machine_and_its_targets(tmp_path):
     out = tmp_path / "bench"
     history = tmp_path / "history"
@@ -53,6 +56,7 @@ def test_older_markdown_results_fold_into_the_history(tmp_path):
     assert folded["tables"] == [{"header": ["strategy", "ratio"], "rows": [["single", 0.98]]}]
 
 
+@pytest.mark.slow
 def test_an_unknown_section_or_a_used_folder_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, *COMPARE, "--only", "speed"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no such section" in proc.stderr
@@ -87,6 +91,7 @@ def test_a_variants_file_sets_the_predict_sections_models_strategies_and_worlds(
         assert not re.fullmatch(r"machine\d*(w4)?", variants.stem), f"{variants}: name it by the models it holds"
 
 
+@pytest.mark.slow
 def test_a_wrong_variants_file_is_refused_with_what_to_fix(tmp_path):
     spec = tmp_path / "bad.yaml"
     for text, message in (("families: {a: {model: {name: mlp}}}\n", "family 'a' needs exactly model"),

@@ -43,12 +43,14 @@ def _heavy(loaded: set[str], names) -> list[str]:
     return sorted(n for n in names if n in loaded or any(m.startswith(n + ".") for m in loaded))
 
 
+@pytest.mark.slow
 def test_submit_help_imports_nothing_of_the_rank_side(tmp_path):
     loaded = _loaded_by_help("submit", tmp_path)
     assert "suite.submit.cli" in loaded  # the dump saw the command run
     assert not _heavy(loaded, RANK_SIDE), f"python -m suite.submit --help imported {_heavy(loaded, RANK_SIDE)}"
 
 
+@pytest.mark.slow
 def test_the_submitting_side_imports_nothing_of_the_rank_side_before_launch():
     code = ("import sys\nimport suite.submit.cli, suite.submit.launch, suite.submit.follow\n"
             "print('\\n'.join(sorted(sys.modules)))")
@@ -58,6 +60,7 @@ def test_the_submitting_side_imports_nothing_of_the_rank_side_before_launch():
     assert not heavy, f"suite.submit's cli, launch and follow imported {heavy}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", TORCH_FREE)
 def test_commands_answer_help_without_torch(command, tmp_path):
     loaded = _loaded_by_help(command, tmp_path)
@@ -84,6 +87,7 @@ print(t1 - t0, t2 - t1, t3 - t2)
 """
 
 
+@pytest.mark.slow
 def test_import_cost_against_torch():
     """In one fresh interpreter per round: the torch-free commands' modules (cold), then torch
     (cold), then the submitting side on top of torch. The torch-free ones must cost well under a

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "suite"
@@ -16,6 +17,7 @@ COMMANDS = ["submit", "status", "export", "study", "plan", "calibrate", "verify"
 ALLOWED_UP = {("suite.train.__main__", "suite.tasks.torchrun")}
 
 
+@pytest.mark.slow
 def test_the_import_contracts_hold():
     lint = Path(sys.executable).parent / "lint-imports"  # import-linter's command, installed with the test extras
     proc = subprocess.run([str(lint) if lint.exists() else "lint-imports", "--config", str(REPO / "pyproject.toml")],
@@ -81,6 +83,7 @@ def test_suite_has_no_loose_modules_and_every_command_is_a_package():
         assert (SUITE / command / "__main__.py").is_file(), f"python -m suite.{command} has no suite/{command}/__main__.py"
 
 
+@pytest.mark.slow
 def test_every_command_answers_help_from_its_package():
     """``python -m suite.X --help`` prints the command's usage: the package's ``__main__`` runs
     its command line (a module that only defines ``main`` would exit 0 and print nothing)."""

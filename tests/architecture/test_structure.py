@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _modules_after_import(*names) -> set[str]:
     code = ("import sys\n" + "".join(f"import {n}\n" for n in names)
@@ -13,12 +15,14 @@ def _modules_after_import(*names) -> set[str]:
     return set(proc.stdout.split())
 
 
+@pytest.mark.slow
 def test_the_submitting_side_never_imports_the_per_rank_code():
     loaded = _modules_after_import("suite.submit.cli", "suite.submit.launch", "suite.submit.follow")
     per_rank = sorted(m for m in loaded if m == "suite.train" or m.startswith("suite.train."))
     assert not per_rank, f"the submitting side imported {per_rank}"
 
 
+@pytest.mark.slow
 def test_the_run_record_and_analysis_import_no_torch():
     loaded = _modules_after_import("suite.record.run_record", "analysis.report")
     assert "torch" not in loaded

@@ -40,6 +40,7 @@ def _measurements(calls_file: Path) -> int:
     return len(calls_file.read_text().split()) if calls_file.exists() else 0
 
 
+@pytest.mark.slow
 def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metrics(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a cold peak cache: this run measures
@@ -88,6 +89,7 @@ def test_two_ranks_write_grouped_offline_wandb_runs_holding_the_run_records_metr
         "peak_flops_per_s"] == summary["peak_flops_per_s"]
 
 
+@pytest.mark.slow
 def test_a_configured_peak_gives_mfu_and_wins_over_measuring(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     _count_measurements(monkeypatch, tmp_path / "measured.txt")
@@ -99,6 +101,7 @@ def test_a_configured_peak_gives_mfu_and_wins_over_measuring(tmp_path, monkeypat
     assert _measurements(tmp_path / "measured.txt") == 0
 
 
+@pytest.mark.slow
 def test_measuring_the_peak_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     _count_measurements(monkeypatch, tmp_path / "measured.txt")
@@ -155,6 +158,7 @@ def _export_online(run_dir):
     return notice, time.time() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", [None, "a" * 40, "short"])
 def test_online_without_a_usable_key_or_a_server_falls_back_to_offline_within_seconds(tmp_path, monkeypatch, key):
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -174,6 +178,7 @@ def test_online_without_a_usable_key_or_a_server_falls_back_to_offline_within_se
     assert [r["step"] for r in wandb_runs.step_metrics(wandb_runs.read(written))] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_no_wandb_runs_in_a_rank_while_it_trains(tmp_path, monkeypatch):
     import sys
 
@@ -199,6 +204,7 @@ def test_no_wandb_runs_in_a_rank_while_it_trains(tmp_path, monkeypatch):
     assert wandb_runs.run_dirs(tmp_path / "run"), "and yet the run has its W&B run afterwards"
 
 
+@pytest.mark.slow
 def test_a_failing_wandb_export_leaves_the_run_completed_and_says_so(tmp_path, monkeypatch, capfd):
     import wandb
 
@@ -215,6 +221,7 @@ def test_a_failing_wandb_export_leaves_the_run_completed_and_says_so(tmp_path, m
     assert capfd.readouterr().out.count("W&B export of rank 0 failed") == 1
 
 
+@pytest.mark.slow
 def test_export_writes_wandb_runs_from_a_run_recorded_with_wandb_disabled(tmp_path):
     import subprocess
     import sys
