@@ -93,10 +93,7 @@ def groups_in_lockstep(key: str, profile: StepProfile, calibration: dict, option
     groups smaller than the node's ranks, all of which call them at the same point of the step on
     cores the ranks share (``groups_sharing_cores`` slows them for that). Every rank of the node
     is then in a collective at once: none computes while another waits, and no overlap rule hides
-    them. Measured at 4 ranks on 2 cores (CNN, seq2seq; HSDP, shard and replica groups of 2):
-    stepped within 0-3 % of compute plus these collectives in full, where the rules' overlap (half
-    hidden, up to the compute) predicted 17-28 % fast; FSDP over all 4 ranks, one group, as its
-    rule predicts."""
+    them (figures: benchmarks/results/code-rules.md)."""
     kind, _, data = key.partition("@")
     return group_slowdown(kind, *group_of(kind, options, profile, data=bool(data)), profile, calibration, options) > 1
 
@@ -106,16 +103,12 @@ def groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, opti
     (``size`` ranks alone on the node) when the node's ``ranks_per_node`` ranks run their groups'
     collectives at once on fewer cores: the ratio of the cores each rank gets. Every group of a
     data-parallel or tensor-parallel axis calls its collective at the same point of the step
-    (point-to-point sends between pipeline stages are staggered: not counted so). Measured at 4
-    ranks on 2 cores: HSDP (shard groups of 2) and tensor x data parallel stepped 2-3x slower
-    than their collectives as timed with 2 ranks alone predicted.
+    (point-to-point sends between pipeline stages are staggered: not counted so).
 
-    The ratio slows each call's latency, the wait for a core (``timing._kind_time_s``), not its bytes:
-    slowing both, HSDP on an MLP 2048x2048 (16 MB of gradients, bandwidth-bound) at 4 ranks on 2
-    cores was predicted 43 % slow, and tensor x data parallel 62 %; with the latency alone, 10 %
-    and 30 %, while latency-bound models (CNN, keras MLP, transformer) moved by 1-4 %. The bytes
-    move at the rate the calibration timed with every group at once where it did (``groups_fit``:
-    1.3-2.3x slower than alone on the 2-core EPYC VM, not the cores' 2x)."""
+    The ratio slows each call's latency, the wait for a core (``timing._kind_time_s``), not its
+    bytes, which slowed so over-predict bandwidth-bound models. The bytes move at the rate the
+    calibration timed with every group at once where it did (``groups_fit``), which is less than
+    the cores' ratio (figures: benchmarks/results/code-rules.md)."""
     if size >= ranks_per_node:
         return 1.0
     return shared_core(calibration, size, options) / shared_core(calibration, ranks_per_node, options)

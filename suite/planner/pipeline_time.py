@@ -67,10 +67,8 @@ def path_calls_factor(key: str, stage_s: list[float] | None, stages: int) -> int
       parameters at its first chunk's forward, which waits for the stage before it, whose own
       first forward waited for its gather: every stage's gather lies on the step's path, one
       after another. Its reduce-scatter, after its last backward, overlaps the stages before it
-      still in backward, but for the first stage's, which ends the step: counted once.
-      Over 17 stored runs at 4 ranks on 2 cores (2 stages x dp 2, 12 models without batch
-      norm): with the first stage's gather alone, pipeline x dp was predicted -40 .. -7 %; with
-      each stage's, -30 .. +6 %.
+      still in backward, but for the first stage's, which ends the step: counted once
+      (benchmarks/results/code-rules.md).
     - anything else (a synced batch norm's calls, ``<kind>@data``): once."""
     if key in ("send", "recv"):
         return stage_messages_factor(stage_s, stages)
