@@ -84,9 +84,8 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
     """One rank of the calibration (its environment set by the launcher): rank 0 returns the
     measurements, the others None."""
 
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
-    # start-up: loads torch, numpy, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train import dist as suite_dist
 
     # torch 2.14 calls reduce_scatter_tensor deprecated (for a name no older torch has); the call is the same.
@@ -109,7 +108,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
                      + " after compute")
         hosts = [None] * ctx.world_size
         dist.all_gather_object(hosts, network.node_name())  # Slurm's node names where it runs there
-        import torch  # start-up: torch loads on the ranks only
+        import torch
 
         return {"points": points, "grouped": grouped, "in_step": in_step, "burst": burst, "speed": speed, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
@@ -130,9 +129,9 @@ def run_local(world: int, message_sizes: list[int]) -> dict:
     platform can (a spawned rank imports torch again: ~5 s on 2 busy cores), before this process
     has run any torch operation, so no thread pool is forked half-way."""
 
-    import torch.multiprocessing as mp  # start-up: loads torch, numpy only when this runs
+    import torch.multiprocessing as mp
 
-    from suite.common.ports import free_port  # start-up: loads suite.common only when this runs
+    from suite.common.ports import free_port
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     queue = mp.get_context(method).SimpleQueue()
@@ -148,9 +147,8 @@ class CalibrateTask:
         self.world, self.message_sizes, self.device = world, message_sizes, device
 
     def __call__(self):
-        import submitit  # start-up: loads submitit only when this runs
+        import submitit
 
-        # start-up: loads torch, numpy, submitit, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.tasks only when this runs
         from suite.tasks.train import join_rendezvous
 
         join_rendezvous(submitit.JobEnvironment(), None)
@@ -159,10 +157,9 @@ class CalibrateTask:
 
 def run_slurm(launch, world: int, message_sizes: list[int], folder: Path) -> dict:
     """One Slurm job of ``world`` tasks with the recipe's launch settings; rank 0's measurements."""
-    # start-up: loads torch, numpy, submitit, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.submit, suite.tasks only when this runs
     from suite.submit.launch import make_executor
 
-    from suite.compat import submitit as submitit_compat  # start-up: loads suite.compat only when this runs
+    from suite.compat import submitit as submitit_compat
 
     nodes = max(1, -(-world // launch.tasks_per_node))
     launch = launch.model_copy(update={"nodes": nodes, "tasks_per_node": world // nodes})

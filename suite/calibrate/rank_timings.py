@@ -44,8 +44,8 @@ def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
 def _op(kind: str, n_bytes: int, world: int, rank: int, group=None):
     """A function making one call of ``kind`` with a message of ``n_bytes`` (fp32 elements), over
     ``group`` (of ``world`` ranks) where given, else over every rank."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     n = max(world, n_bytes // 4 // world * world)  # divisible by world: gather/scatter shards
     if kind == "all_reduce":
@@ -87,8 +87,8 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None,
     The sizes of a kind are timed in rounds (every size once per round, ``ROUNDS`` rounds) rather
     than one size after another, so that a busy spell of the machine slows one call of every size
     instead of all calls of one size; each call starts after a barrier."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     out = {}
     for kind in kinds:
@@ -125,7 +125,7 @@ def time_in_groups(message_sizes, world: int, rank: int, progress=None) -> dict:
     ranks alone leaves the node's other cores idle; with every group calling, the groups share
     the cores, and on a node with fewer cores than ranks both a call's latency and its bytes'
     time grow, by more than the cores' ratio for the bytes (benchmarks/results/code-rules.md)."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
     out = {}
     for g in group_sizes(world):
@@ -142,8 +142,8 @@ def time_in_step(kinds, world: int, rank: int) -> dict:
     computation, not back to back after a barrier as ``time_collectives`` times them, and costs
     several times more there: the collective's threads wait for a core that a rank's compute
     holds, and longer slices hold it longer (benchmarks/results/code-rules.md). The time model interpolates at its own slice (``alpha_beta.step_alpha``)."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     def timed(compute, call):
         dist.barrier()
@@ -176,7 +176,7 @@ def time_in_step(kinds, world: int, rank: int) -> dict:
 
 
 def _compute_slice(channels: int, batch: int):
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     conv = torch.nn.Conv2d(channels, channels, 3, padding=1)
     images = torch.randn(batch, channels, 32, 32, requires_grad=True)
@@ -193,8 +193,8 @@ def time_burst(world: int, rank: int) -> dict[int, float]:
     (benchmarks/results/code-rules.md). Rounds with and without the calls
     side by side, the median of their differences; about as many calls or more in a long burst's
     rounds as in a short one's."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     compute, call = _compute_slice(*IN_STEP_SLICES[-1]), _op("all_reduce", IN_STEP_BYTES, world, rank)
 

@@ -28,7 +28,7 @@ def installed(lib: str) -> str | None:
 def pins() -> dict[str, str]:
     """{library: pinned version} as the installed scalesuite declares them; the versions
     suite/compat/ was checked on when the suite runs from a checkout that pip never installed."""
-    from suite.compat import CHECKED  # start-up: loads suite.compat only when this runs
+    from suite.compat import CHECKED
 
     try:
         requires = metadata.requires("scalesuite") or []
@@ -57,8 +57,8 @@ def version_check(have: dict[str, str | None], pinned: dict[str, str]) -> Check:
 
 
 def software() -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     return {"python": platform.python_version(), "python_executable": os.path.realpath(sys.executable),
             "torch": torch.__version__, "torch_cuda_build": torch.version.cuda,
@@ -69,7 +69,7 @@ def software() -> dict:
 
 
 def cpu() -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     return {"cores_usable": len(os.sched_getaffinity(0)), "cores_machine": os.cpu_count(),
             "aten_capability": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
@@ -78,7 +78,7 @@ def cpu() -> dict:
 
 def _probe_gpus(conn) -> None:
     try:
-        import torch  # start-up: torch loads in this probe only
+        import torch
 
         gpus = [{"index": i, "name": torch.cuda.get_device_properties(i).name,
                  "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
@@ -95,7 +95,7 @@ def gpus() -> dict:
     """{"gpus": [...], "nccl": version} probed in a forked child: CUDA must not start in this
     process, whose ranks are forked later (a process that started CUDA cannot fork children that
     use it), and a driver that hangs must not hang the doctor."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     if not torch.backends.cuda.is_built():
         return {"gpus": [], "nccl": None, "note": "torch built without CUDA"}

@@ -68,9 +68,8 @@ def export_model(folder: Path, out: Path) -> int:
                          f"train with training.checkpoint_every_steps set, or resume the run until it saves one")
     if out.suffix != ".safetensors":
         raise SuiteError(f"--model {out}: name the file FILE.safetensors (its config is written to FILE.json)")
-    # start-up: the recipe, torch and the strategies load only for a model export, not a W&B one
     from suite import recipe as recipes
-    from suite.tasks import export as export_task  # start-up: torch and the rank's code, only for --model
+    from suite.tasks import export as export_task
 
     recipe = recipes.load(folder / "recipe.yaml")[0]
     if type(recipe.strategy).owns_training:

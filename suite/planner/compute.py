@@ -15,9 +15,9 @@ def compute_rates(precision: str = "fp32") -> dict:
     """The measured matmul peak per thread count 1 .. cores (``suite.record.peak``, cached), the
     peak of the other precisions (bf16, fp64) at all the cores, and the memory-copy rate of one
     thread (``copy_rate``)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    from suite.record import peak  # start-up: loads torch, numpy, suite.record only when this runs
+    from suite.record import peak
 
     before, by_threads = torch.get_num_threads(), {}
     try:
@@ -45,7 +45,7 @@ def speed_sample(window_s: float = 0.3) -> float:
     timed at moments through the calibration (its ranks' start and end, its own end), to see
     whether the machine kept its speed while measured (``suite.planner.hardware.speed_spread``).
     On a shared VM it may not, by up to 2x a second apart (benchmarks/results/code-rules.md)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -70,7 +70,7 @@ def copy_rate(n_bytes: int = COPY_BYTES, repeats: int = 9) -> float:
     ``repeats``): what FSDP2 does around each gather and reduce-scatter, into buffers it
     allocates each time, so the first touch of their pages is part of the cost (a reused buffer
     copies faster: benchmarks/results/code-rules.md)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     source = torch.ones(n_bytes // 4)
     times = []
@@ -89,11 +89,9 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int
     the model is built, just before the timed steps. ``window_s``: time steps for that long (at
     least ``steps``) and take their mean, rather than the median of ``steps``: ranks sharing
     cores get their fair share only over many of the scheduler's slices."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import build as build_model
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import flops
 
     spec = recipe.data.spec()
@@ -166,7 +164,6 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
     The FLOPs are counted once, here (on the meta device: no thread pool is started before the
     forks), and the ranks start their timed steps together, none while another still builds."""
 
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import flops
 
     step_flops = flops.train_step_flops(recipe)

@@ -77,7 +77,6 @@ def preset(name: str) -> dict:
 
 def load(name_or_path: str | None, backend: str | None = None) -> dict | None:
     """A profile: a preset's name, a calibration file, or (None) this host's stored calibration."""
-    # start-up: suite.planner.calibration reads the cache only when asked
     from suite.planner import calibration
 
     if name_or_path is None:

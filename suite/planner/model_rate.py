@@ -75,7 +75,6 @@ class Job:
         return timed_as.reusable_process
 
     def request(self) -> dict:
-        # start-up: loads pydantic, yaml, suite.recipe only when this runs
         from suite import recipe as recipes
 
         return {"recipe": recipes.dump(self.recipe), "threads": self.threads, "own_strategy": self.own_strategy,
@@ -158,9 +157,8 @@ def time_in_fresh_process(jobs: list[Job]) -> list[dict]:
 def child() -> None:
     """The fresh process's side of ``time_in_fresh_process``: the request on stdin, each job's
     result as a line of stdout as it ends."""
-    # start-up: loads pydantic, yaml, suite.recipe only when this runs
     from suite import recipe as recipes
-    import yaml  # start-up: loads yaml only when this runs
+    import yaml
 
     request = json.loads(sys.stdin.read())
     jobs = request["jobs"]

@@ -67,9 +67,8 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
     """The recipe as one rank at the batch a rank of ``recipe`` computes at once: strategy
     ``single``, or with ``own_strategy`` the recipe's own where it runs as one rank (no pipeline
     stages; its degrees, HSDP's replicas and tensor parallelism's, dropped) and validates."""
-    # start-up: loads pydantic, yaml, suite.recipe, suite.strategies only when this runs
     from suite import recipe as recipes
-    import yaml  # start-up: loads yaml only when this runs
+    import yaml
     from suite.common.errors import SuiteError
 
     layout = recipe.layout()
@@ -104,8 +103,8 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
 def world_recipe(recipe):
     """The recipe as its ranks compute one accumulation batch each and step (``at_world``): its
     strategy and world kept, ``grad_accumulation`` 1, the per-rank batch shares dropped."""
-    from suite import recipe as recipes  # start-up: loads pydantic, yaml, suite.recipe only when this runs
-    import yaml  # start-up: loads yaml only when this runs
+    from suite import recipe as recipes
+    import yaml
 
     layout = recipe.layout()
     raw = yaml.safe_load(recipes.dump(recipe))
@@ -162,7 +161,7 @@ def _rank_zero_of(world: int, device) -> None:
     collectives return at once, untouched (what a rank computes at that world, none of what it
     sends). A group of one an earlier timing in this process left is kept for another, replaced
     by a fake world (which ``_time_engine`` ends after its timing)."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
     if dist.is_initialized():
         if world == 1:
@@ -175,17 +174,16 @@ def _rank_zero_of(world: int, device) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     else:
-        # start-up: registers torch's "fake" backend only when a rank is timed at its world
         from suite.compat import torch as torch_compat
 
         dist.init_process_group("fake", store=torch_compat.fake_store(), rank=0, world_size=world)
 
 
 def _time_stages(recipe, threads: int, ready=None) -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    from suite.planner import stage_time  # start-up: loads suite.planner only when this runs
-    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
+    from suite.planner import stage_time
+    from suite.strategies import prepare
 
     one = one_rank_recipe(recipe)
     device = torch.device("cuda" if one.launch.device == "cuda" else "cpu")
@@ -204,19 +202,13 @@ def _time_stages(recipe, threads: int, ready=None) -> dict:
 
 
 def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    # start-up: loads torch, pydantic, suite.strategies only when this runs
     from suite import strategies
-    # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner import analytic
-    # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner.counting import fake_batch
-    # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies import prepare
-    # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies.context import DistContext
-    # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
     from suite.train.rank import make_setup
 
     device = torch.device("cuda" if one.launch.device == "cuda" else "cpu")
@@ -249,7 +241,7 @@ def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
     finally:
         torch.set_num_threads(before)
         if world > 1:
-            import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+            import torch.distributed as dist
 
             dist.destroy_process_group()
     step_s = statistics.median(times)

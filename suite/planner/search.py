@@ -57,7 +57,6 @@ class Candidate:
 
 def strategy_sections(raw_strategy: dict, world: int) -> list[tuple[str, dict]]:
     """(label, section) of every strategy variant to try: the recipe's own first."""
-    # start-up: the strategy registry imports torch and every strategy
     from suite.strategies import STRATEGIES, costs
 
     out = [(_label(raw_strategy), dict(raw_strategy))] if raw_strategy.get("name") else []
@@ -94,7 +93,6 @@ def _text(value) -> str:
 
 
 def _validate(raw: dict, section: dict, launch: dict, training: dict):
-    # start-up: loads pydantic, torch, suite.recipe only when this runs
     from suite import recipe as recipes
 
     return recipes.validate({**raw, "strategy": section, "launch": {**(raw.get("launch") or {}), **launch},
@@ -145,7 +143,6 @@ def _left_out(section: dict) -> str:
     """Why the strategy's predicted step time does not compare with the others', or "": it is
     asynchronous (its ``no_parity``: it does not train what the others train), or it brings its
     own training loop (``owns_training``: TensorFlow's), whose step the time model cannot time."""
-    # start-up: the strategy registry imports torch and every strategy
     from suite.strategies import STRATEGIES
 
     options = STRATEGIES[section["name"]].Options
@@ -200,7 +197,6 @@ def _first_fit(raw, label, section, launch, weak_scaling, per_rank, calibration,
 def _size(c: Candidate, calibration: dict, steps: dict) -> None:
     """The analytic profile of ``c`` (``steps``: the bare model's step by batch, counted once);
     ``_time_all`` times it."""
-    # start-up: loads torch, suite.planner only when this runs
     from suite.planner import analytic
 
     recipe = c.recipe
@@ -215,7 +211,6 @@ def _time_all(candidates: list[Candidate], calibration: dict, progress) -> None:
     """Time the candidates that fit: their models' and strategies' one-rank steps first, all in
     as few fresh processes as they allow (``model_rate.time_all``), then each prediction; one
     its time model refuses is excluded with the reason."""
-    # start-up: loads torch, suite.planner only when this runs
     from suite.planner import model_rate
 
     jobs = [job for c in candidates for job in model_rate.rate_jobs(calibration, c.recipe, c.recipe.launch.tasks_per_node)]
@@ -231,7 +226,6 @@ def _time_all(candidates: list[Candidate], calibration: dict, progress) -> None:
 
 
 def _time(c: Candidate, calibration: dict) -> None:
-    # start-up: loads torch, suite.planner only when this runs
     from suite.planner import model_rate, timing
 
     options = timing.options_of(c.recipe)
@@ -243,7 +237,6 @@ def _time(c: Candidate, calibration: dict) -> None:
 def _refine(candidates: list[Candidate], calibration: dict, count: int, progress) -> None:
     """Profile the best ``count`` fitting candidates again by a fake run of their real code, two
     at a time, where their strategy allows it; keep the analytic profile where it fails."""
-    # start-up: loads torch, suite.planner only when this runs
     from suite.planner import fake_run
 
     best = [c for c in rank(candidates) if not c.excluded and c.recipe.strategy.cannot_fake == ""][:count]

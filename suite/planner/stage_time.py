@@ -39,17 +39,16 @@ def stage_times(one, strategy, layout, device) -> dict:
     stage without a wrapper)}. ``one``: the recipe as one rank (``model_time.one_rank_recipe``:
     strategy single at the data-parallel rank's batch, its chunks as passes); ``strategy``,
     ``layout``: the pipeline's options and layout; the process group of one is initialised."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    from torch.distributed.device_mesh import init_device_mesh  # start-up: loads torch only when this runs
-    from torch.distributed.pipelining import PipelineStage  # start-up: loads torch only when this runs
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage
 
-    # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner.counting import fake_batch
-    from suite.strategies.pipeline import schedule_class  # start-up: loads torch, suite.strategies only when this runs
-    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
-    from suite.strategies.context import DistContext  # start-up: loads torch, suite.strategies only when this runs
-    from suite.strategies.splitting import cut, resolve_split  # start-up: loads torch only when this runs
-    from suite.train.rank import make_setup  # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
+    from suite.strategies.pipeline import schedule_class
+    from suite.strategies import prepare
+    from suite.strategies.context import DistContext
+    from suite.strategies.splitting import cut, resolve_split
+    from suite.train.rank import make_setup
 
     wrap = strategy.stage_wrapper(layout)
     schedule_cls = schedule_class(strategy.stage_schedule(layout))

@@ -72,7 +72,6 @@ def strategy_options(options: dict):
     """The strategy's options object: ``options["strategy"]`` where given (``options_of`` puts
     the recipe's there), else built from ``options``' name and those of its keys that are the
     strategy's own (stage for zero)."""
-    # start-up: the strategy registry imports torch and every strategy; loaded when a step is timed.
     from suite.strategies import STRATEGIES
 
     if options.get("strategy") is not None:
@@ -89,7 +88,6 @@ def rule(options: dict) -> tuple[str, Overlap]:
     """The overlap rule of a strategy (``options``: name, and stage for zero, or the strategy's
     options as ``strategy``): what its options class declares (``overlap``); SuiteError where it
     declares none."""
-    # start-up: the strategy registry imports torch and every strategy; loaded when a step is timed.
     from suite.strategies import costs
 
     strategy = strategy_options(options)

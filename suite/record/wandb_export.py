@@ -87,7 +87,7 @@ def _records(run_dir: Path, rank: int) -> list[dict]:
 
 def _start(recipe: dict, tracking: dict, rank: int, run_dir: Path, mode: str):
     """(W&B run, notice): online if asked and possible, else offline with the reason."""
-    import wandb  # start-up: loads wandb, numpy, pydantic only when this runs
+    import wandb
 
     run_id = run_dir.name
     kwargs = dict(dir=str(run_dir), project=tracking.get("project", "scalesuite"), entity=tracking.get("entity"),

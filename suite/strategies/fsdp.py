@@ -105,7 +105,7 @@ def without_inplace(model: torch.nn.Module) -> None:
 
 def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) -> torch.nn.Module:
     """Shard each top-level block, then the root (which takes whatever is left)."""
-    from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
+    from torch.distributed.fsdp import fully_shard
 
     without_inplace(model)
     for block in model.children():
@@ -120,7 +120,7 @@ def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) 
 
 
 def mixed_precision_policy(name: str):
-    from torch.distributed.fsdp import MixedPrecisionPolicy  # start-up: loads torch only when this runs
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if name == "bf16":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -55,7 +55,6 @@ def _linears(model: torch.nn.Module) -> dict:
 def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
     """Linear layers in pairs: column-wise then row-wise (the ReLU between acts on slices).
     An unpaired last layer (the classifier) stays replicated."""
-    # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     linears = _linears(model)
@@ -70,7 +69,6 @@ def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
 def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
     """Per block: attention q/k/v column-wise (each rank computes heads/tp whole heads) and out
     row-wise; MLP up column-wise, down row-wise. Embedding and head stay replicated."""
-    # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     for block in model.children():
@@ -137,7 +135,7 @@ class Options(StrategyOptions):
 
 
 def build(opts: Options, setup) -> ModuleEngine:
-    from torch.distributed.tensor.parallel import parallelize_module  # start-up: loads torch only when this runs
+    from torch.distributed.tensor.parallel import parallelize_module
 
     ctx = setup.ctx
     mesh = setup.layout.device_mesh(ctx)
