@@ -25,6 +25,7 @@ class Section:
     title: str
     lines: list[str] = field(default_factory=list)
     checks: list[tuple[str, str, bool]] = field(default_factory=list)  # (target, measured, met)
+    tables: list[dict] = field(default_factory=list)  # {"header": [...], "rows": [[...], ...]}: for the history
 
     def check(self, target: str, measured: str, met: bool) -> bool:
         self.checks.append((target, measured, met))
@@ -32,9 +33,15 @@ class Section:
         return met
 
     def table(self, header: list[str], rows: list[list]) -> None:
+        self.tables.append({"header": [str(h) for h in header], "rows": [[_plain(v) for v in row] for row in rows]})
         self.lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         self.lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
         self.lines.append("")
+
+
+def _plain(v):
+    """A table cell as JSON holds it: numbers and None as they are, anything else as its text."""
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
 
 
 def _cell(v) -> str:

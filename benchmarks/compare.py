@@ -7,7 +7,8 @@ tracking vs W&B disabled), pipeline (GPipe/1F1B bubble vs the formula), scaling 
 memory (held bytes vs the dry run's prediction), startup (first step after the command, sweep cost
 per point), plan (the prediction each run records vs what it measured: held bytes, peak memory,
 step time), checkpoint (time per step with a save every 20 steps vs none), predict (step time on every model family, the calibration taken without a recipe), published (published GPU training runs beside the planner's prediction on their hardware's profile). Targets are in ``benchmarks/README.md``; a missed one makes the exit code 1. ``--out``
-receives results.md (with the machine it ran on), every run record and the analysis report.
+receives results.md (with the machine it ran on), every run record and the analysis report; each
+section's result is also appended to its history, ``benchmarks/history/<section>.jsonl`` (``history.py``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py and sections/ beside this file
 
+import history  # noqa: E402
 from common import ROOT, Bench, machine  # noqa: E402
 
 SECTIONS = ["overhead", "tracking", "pipeline", "scaling", "memory", "startup", "augment", "batchnorm", "plan",
@@ -38,7 +40,10 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, help="repetitions of each measurement (median taken); by default 15 for "
                    "overhead and 9 for tracking (2-3 %% targets; single runs spread by about 10 %% on a small "
                    "machine), 1 for predict (each configuration's runs in rounds over all of them), 3 for the others")
-    p.add_argument("--quick", action="store_true", help="few steps per run: checks the benchmark, measures little")
+    p.add_argument("--quick", action="store_true", help="few steps per run: checks the benchmark, measures little "
+                   "(not appended to the history unless --history is given)")
+    p.add_argument("--history", type=Path, help="folder of the sections' JSONL history (default: benchmarks/history; "
+                   "each run appends one row per section)")
     p.add_argument("--strategies", help="overhead section: only these (single, ddp, zero2, fsdp), e.g. to rerun one target")
     p.add_argument("--slurm", action="store_true", help="predict section: also 2 nodes of the local Slurm (slurm/start.sh)")
     p.add_argument("--no-local", action="store_true", help="predict section: only the Slurm runs (with --slurm)")
@@ -83,14 +88,18 @@ def main(argv=None) -> int:
     bench = Bench(out, args.repeats, args.quick, args.strategies, slurm=args.slurm, families=args.families,
                   no_local=args.no_local, variants=args.variants)
     command = "python benchmarks/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    taken, where = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), machine()
     head = ["# Benchmark results", "", f"Command: `{command}`", "",
-            f"Taken {time.strftime('%Y-%m-%d %H:%M %Z')} on:", *machine(), ""]
-    sections = []
+            f"Taken {time.strftime('%Y-%m-%d %H:%M %Z')} on:", *where, ""]
+    sections, rows = [], []
     for name in args.only:
         print(f"{name}:", flush=True)
         started = time.time()
         sections.append(importlib.import_module(f"sections.{name}").run(bench))
-        sections[-1].lines.append(f"\n({time.time() - started:.0f} s)")
+        duration_s = time.time() - started
+        sections[-1].lines.append(f"\n({duration_s:.0f} s)")
+        rows.append(history.row(name, sections[-1], taken=taken, command=command, machine=where,
+                                duration_s=round(duration_s, 1), quick=args.quick, source=str(out)))
     checks = [c for s in sections for c in s.checks]
     lines = head + ["## Targets", ""]
     lines += [f"- {'met' if met else '**NOT met**'}: {target} (measured {measured})" for target, measured, met in checks]
@@ -98,6 +107,8 @@ def main(argv=None) -> int:
     for s in sections:
         lines += [f"## {s.title}", "", *s.lines, ""]
     (out / "results.md").write_text("\n".join(lines) + "\n")
+    if args.history or not args.quick:  # a quick run checks the benchmark: no figure worth keeping
+        history.append(rows, args.history or history.FOLDER)
     subprocess.run([sys.executable, "-m", "analysis.report", str(out), "--out", str(out / "report"), "--no-wandb"],
                    check=False, capture_output=True, cwd=ROOT)
     print("\n".join(lines))

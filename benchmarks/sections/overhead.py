@@ -9,7 +9,7 @@ from common import HERE, Bench, Section, median, steps
 
 TARGET = 1.03
 # Single repetitions of a 2-rank run spread by about 10 % on a 2-core machine: a median of 15
-# judges a 3 % target; a median of 7 missed it by noise in one run out of five (benchmarks/README.md).
+# judges a 3 % target; a median of 7 missed it by noise in one run out of five (benchmarks/results/notes-to-2026-11-29.md).
 REPEATS = 15
 # label -> (suite strategy override, ranks, loss tolerance). Single: bit for bit; data parallel:
 # the all-reduce's summation order may differ in the last place.

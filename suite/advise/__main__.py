@@ -58,10 +58,8 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    from suite.advise import output  # start-up: loads suite.planner only when this runs
-    # start-up: loads torch, pydantic, suite.planner, suite.recipe only when this runs
+    from suite.advise import output
     from suite.planner import hardware, search, table
-    # start-up: loads torch, pydantic, suite.recipe only when this runs
     from suite.recipe.text import raw_points
 
     if args.nodes < 1 or (args.per_node is not None and args.per_node < 1) or args.top < 1 or args.verify < 0:
@@ -89,7 +87,7 @@ def _run(args) -> int:
     print(text)
     fitting = [c for c in candidates if not c.excluded]
     if args.verify and fitting:
-        from suite.advise import verify  # start-up: loads suite.verify only when this runs
+        from suite.advise import verify
 
         print(verify.run(fitting[:args.verify], raw, args.verify_steps, Path(args.out), say))
     return 0 if fitting else 1

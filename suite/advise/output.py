@@ -16,7 +16,7 @@ def memory_per_rank(profile: dict, raw: dict, per_node: int) -> tuple[int, str]:
     """What one rank may use: a preset's device memory, else this host's (``suite.planner.report``)."""
     if profile.get("memory_bytes"):
         return profile["memory_bytes"], f"{profile['device']} memory (from specs)"
-    from suite.planner import report  # start-up: loads torch only when this runs
+    from suite.planner import report
 
     return report.rank_memory_bytes({**raw, "launch": {**(raw.get("launch") or {}), "tasks_per_node": per_node}})
 

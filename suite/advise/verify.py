@@ -11,7 +11,6 @@ import yaml
 
 
 def _short(candidate, steps: int) -> dict:
-    # start-up: loads torch, pydantic, suite.recipe only when this runs
     from suite import recipe as recipes
 
     raw = yaml.safe_load(recipes.dump(candidate.recipe))
@@ -28,9 +27,8 @@ def run(candidates, raw: dict, steps: int, out: Path, progress=print) -> str:
     that differ only in their strategy run as one sweep (``run_grouped``): one ``suite.submit``,
     whose points train one after another in the same warm ranks where their strategies allow,
     as a user's sweep would; the others one submit each."""
-    # start-up: loads suite.verify only when this runs
     from suite.common.errors import SuiteError
-    from suite.verify.runs import run_grouped  # start-up: loads suite.verify only when this runs
+    from suite.verify.runs import run_grouped
 
     lines = [f"## Verified: the best {len(candidates)} run for {steps} steps", "",
              "| # | configuration | predicted step ms | measured step ms | measured / predicted | run |",

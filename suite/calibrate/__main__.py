@@ -27,7 +27,6 @@ def main(argv=None) -> int:
     def _run(args) -> int:
         recipe = None
         if args.recipe:
-            # start-up: loads torch, numpy, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
             from suite import recipe as recipes
 
             recipe = recipes.load(args.recipe, args.overrides)[0]

@@ -49,9 +49,7 @@ def combined(passes: list[dict]) -> dict:
     """Several passes of ``rank_main``'s measurements as one: each size's, slice's and burst's time
     the median over the passes (the first pass's hosts, backend and threads). A calibration whose
     speed samples swing (``hardware.speed_spread``) times its collectives again, so that one slow
-    spell does not set them: on the Intel VM two calibrations minutes apart fitted all_reduce at 565
-    and 1,300 MB/s, and a benchmark's 30 runs predicted from the slow one missed by a median 22 %,
-    from the other 11 %."""
+    spell does not set them (benchmarks/results/code-rules.md)."""
     if len(passes) == 1:
         return passes[0]
     first = passes[0]
@@ -71,8 +69,7 @@ def pooled(in_step: dict) -> dict:
     """``time_in_step``'s costs with the collectives' pooled: at each slice, the median of the
     all-reduce's, all-gather's and reduce-scatter's per-call cost stands for all three. What a
     call waits for in a step is a core for the collective's threads, once per call whatever its
-    kind (measured: the three within the noise of one another, 1-2 ms on 2 cores, while one
-    kind's figure moved by up to 2x between two calibrations); send and broadcast, which wake
+    kind (the three agree within their noise: benchmarks/results/code-rules.md); send and broadcast, which wake
     fewer threads, keep their own."""
     kinds = [k for k in POOLED if k in in_step]
     if len(kinds) < 2:
@@ -87,9 +84,8 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
     """One rank of the calibration (its environment set by the launcher): rank 0 returns the
     measurements, the others None."""
 
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
-    # start-up: loads torch, numpy, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train import dist as suite_dist
 
     # torch 2.14 calls reduce_scatter_tensor deprecated (for a name no older torch has); the call is the same.
@@ -112,7 +108,7 @@ def rank_main(world: int, message_sizes: list[int], kinds=alpha_beta.MEASURED, d
                      + " after compute")
         hosts = [None] * ctx.world_size
         dist.all_gather_object(hosts, network.node_name())  # Slurm's node names where it runs there
-        import torch  # start-up: torch loads on the ranks only
+        import torch
 
         return {"points": points, "grouped": grouped, "in_step": in_step, "burst": burst, "speed": speed, "hosts": sorted(set(hosts)), "backend": ctx.backend,
                 "threads": torch.get_num_threads(), "world_size": ctx.world_size} if ctx.rank == 0 else None
@@ -133,9 +129,9 @@ def run_local(world: int, message_sizes: list[int]) -> dict:
     platform can (a spawned rank imports torch again: ~5 s on 2 busy cores), before this process
     has run any torch operation, so no thread pool is forked half-way."""
 
-    import torch.multiprocessing as mp  # start-up: loads torch, numpy only when this runs
+    import torch.multiprocessing as mp
 
-    from suite.common.ports import free_port  # start-up: loads suite.common only when this runs
+    from suite.common.ports import free_port
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     queue = mp.get_context(method).SimpleQueue()
@@ -151,9 +147,8 @@ class CalibrateTask:
         self.world, self.message_sizes, self.device = world, message_sizes, device
 
     def __call__(self):
-        import submitit  # start-up: loads submitit only when this runs
+        import submitit
 
-        # start-up: loads torch, numpy, submitit, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.tasks only when this runs
         from suite.tasks.train import join_rendezvous
 
         join_rendezvous(submitit.JobEnvironment(), None)
@@ -162,10 +157,9 @@ class CalibrateTask:
 
 def run_slurm(launch, world: int, message_sizes: list[int], folder: Path) -> dict:
     """One Slurm job of ``world`` tasks with the recipe's launch settings; rank 0's measurements."""
-    # start-up: loads torch, numpy, submitit, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.submit, suite.tasks only when this runs
     from suite.submit.launch import make_executor
 
-    from suite.compat import submitit as submitit_compat  # start-up: loads suite.compat only when this runs
+    from suite.compat import submitit as submitit_compat
 
     nodes = max(1, -(-world // launch.tasks_per_node))
     launch = launch.model_copy(update={"nodes": nodes, "tasks_per_node": world // nodes})

@@ -17,19 +17,16 @@ SMALL_CALLS = 3  # messages under SMALL_BYTES get this many per round: latency-b
 SMALL_BYTES = 2**20
 IN_STEP_CALLS = 24  # small calls, each after a slice of compute, per timed round (time_in_step)
 IN_STEP_ROUNDS = 5
-# Between calls: a 3x3 convolution's forward and backward (channels, batch of 32x32 images):
-# about 0.5 ms and 2.5 ms on one CPU thread. Autograd's work, allocations included, as a step's
-# layers do it: matmuls alone measured 2-3x less per call.
+# Between calls: a 3x3 convolution's forward and backward (channels, batch of 32x32 images), a
+# short and a long slice: autograd's work, allocations included, as a step's layers do it (matmuls
+# alone cost a call less; benchmarks/results/code-rules.md).
 IN_STEP_SLICES = ((8, 4), (16, 16))
 IN_STEP_BYTES = 4096
 BURST_CALLS = 8  # calls one after another after a slice of compute, per burst (time_burst)
 BURST_ROUNDS = 6  # bursts per timed round
 # A long burst, timed too where each rank has a core: a call's cost falls with the burst's length
-# (the ranks stay awake in step). Measured with gloo on the 2-core EPYC VM, 4 KiB all-reduces after
-# 2.5 ms of compute, 2 ranks: 1.6-2.4 ms a call in bursts of 8, 1.5-1.7 ms in 64, 0.9-1.2 ms in
-# 256, over five runs; a per-tensor all-reduce of RegNetX-400MF (215 tensors) paid 0.8 ms a call
-# in its run, and was predicted from the burst of 8 at 1.8x its step. At 4 ranks on 2 cores a call
-# cost 5.4-6.1 ms in bursts of 8 to 215 alike, and a long burst there would take seconds: not timed.
+# (the ranks stay awake in step). Not where ranks share cores: there the cost does not fall and a
+# long burst would take seconds (benchmarks/results/code-rules.md).
 BURST_LONG_CALLS = 256
 POOLED = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -47,8 +44,8 @@ def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> list[int]:
 def _op(kind: str, n_bytes: int, world: int, rank: int, group=None):
     """A function making one call of ``kind`` with a message of ``n_bytes`` (fp32 elements), over
     ``group`` (of ``world`` ranks) where given, else over every rank."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     n = max(world, n_bytes // 4 // world * world)  # divisible by world: gather/scatter shards
     if kind == "all_reduce":
@@ -82,17 +79,16 @@ def time_collectives(kinds, message_sizes, world: int, rank: int, progress=None,
     on the slowest rank (a collective ends for the job when its slowest rank is done).
 
     The lower quartile, not the median: on a machine with as many ranks as cores a call waits for
-    its peer to be scheduled (3-4 ms) in up to half of the repetitions (measured on 2 cores: 7-10
-    of 21 calls of 4-256 KiB), so the median of a size flips between the link's time and a
-    time slice from one calibration to the next (a 256 KiB send at 1.4 ms where 64 KiB took
-    0.06 ms; its bandwidth then held every send to 190 MB/s). These fits describe the link; what
+    its peer to be scheduled (a time slice) in up to half of the repetitions, so the median of a
+    size flips between the link's time and a time slice from one calibration to the next
+    (benchmarks/results/code-rules.md). These fits describe the link; what
     such waits add to a call inside a step is measured on its own (``time_in_step``).
 
     The sizes of a kind are timed in rounds (every size once per round, ``ROUNDS`` rounds) rather
     than one size after another, so that a busy spell of the machine slows one call of every size
     instead of all calls of one size; each call starts after a barrier."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     out = {}
     for kind in kinds:
@@ -128,11 +124,8 @@ def time_in_groups(message_sizes, world: int, rank: int, progress=None) -> dict:
     groups): each rank is in one group of consecutive ranks. ``time_collectives`` over a group's
     ranks alone leaves the node's other cores idle; with every group calling, the groups share
     the cores, and on a node with fewer cores than ranks both a call's latency and its bytes'
-    time grow. Measured with gloo, groups of 2 at 4 ranks on 2 cores against 2 ranks alone
-    (2026-11-28): latency 1.6-1.8x (0.16-0.30 ms -> 0.29-0.52 ms), bytes 1.3-2.3x slower
-    (all_gather of 16 MiB 2,967 -> 1,955 MB/s, reduce_scatter of 4 MiB 2,311 -> 991 MB/s), where
-    the time model had assumed 2x and 1x."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    time grow, by more than the cores' ratio for the bytes (benchmarks/results/code-rules.md)."""
+    import torch.distributed as dist
 
     out = {}
     for g in group_sizes(world):
@@ -146,13 +139,11 @@ def time_in_step(kinds, world: int, rank: int) -> dict:
     it sits between slices of compute ``slice_s`` long (``IN_STEP_SLICES``), the slowest rank's
     median. Batch norm synced over the ranks, tensor parallelism's all-reduces, FSDP's per-unit
     gathers and a per-parameter all-reduce each call a collective between pieces of
-    computation, not back to back after a barrier as ``time_collectives`` times them. Measured
-    with gloo, one rank per core on 2 cores: 1-2 ms per small all-reduce, all-gather or
-    reduce-scatter between 2 ms slices of a convolution's forward and backward, up to 3.5 ms
-    between 7 ms slices, against 0.3 ms after a barrier: the collective's threads wait for a
-    core that a rank's compute holds, and longer slices hold it longer. The time model interpolates at its own slice (``alpha_beta.step_alpha``)."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    computation, not back to back after a barrier as ``time_collectives`` times them, and costs
+    several times more there: the collective's threads wait for a core that a rank's compute
+    holds, and longer slices hold it longer (benchmarks/results/code-rules.md). The time model interpolates at its own slice (``alpha_beta.step_alpha``)."""
+    import torch
+    import torch.distributed as dist
 
     def timed(compute, call):
         dist.barrier()
@@ -185,7 +176,7 @@ def time_in_step(kinds, world: int, rank: int) -> dict:
 
 
 def _compute_slice(channels: int, batch: int):
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     conv = torch.nn.Conv2d(channels, channels, 3, padding=1)
     images = torch.randn(batch, channels, 32, 32, requires_grad=True)
@@ -198,13 +189,12 @@ def time_burst(world: int, rank: int) -> dict[int, float]:
     (``Overlap.back_to_back``): {calls: seconds a call}, the slowest rank's, for bursts of
     ``BURST_CALLS`` and, where no rank of this node shares a core, ``BURST_LONG_CALLS``. Neither
     the calls after a barrier (``time_collectives``) nor those between slices of compute
-    (``time_in_step``) tell it: measured with gloo, one rank per core on 2 cores (2026-11-26),
-    1.7-2.2 ms per call of 64 B to 256 KiB in bursts of 1, 4 or 10 after 2 ms of compute, against
-    0.3 ms after a barrier and 0.85 ms between 0.4 ms slices. Rounds with and without the calls
+    (``time_in_step``) tell it: a call in a burst costs more than either
+    (benchmarks/results/code-rules.md). Rounds with and without the calls
     side by side, the median of their differences; about as many calls or more in a long burst's
     rounds as in a short one's."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     compute, call = _compute_slice(*IN_STEP_SLICES[-1]), _op("all_reduce", IN_STEP_BYTES, world, rank)
 

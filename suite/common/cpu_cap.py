@@ -13,8 +13,8 @@ What it emulates: a slower CPU, on average over periods of 10 ms. Not a slower C
 period (the rank runs at full speed until its quota is spent), and nothing of memory bandwidth
 or caches. The period is the kernel's default of 100 ms no longer: a step of a few ms then ran at
 full speed or stalled for most of a period, depending on where in the period it fell, and the
-stalls could land in the rank's wait for its peers rather than in its compute (CI, 2026-11-26: a
-rank capped at 25 % recorded less compute per step than its uncapped peer). At 10 ms every step
+stalls could land in the rank's wait for its peers rather than in its compute (a capped rank
+then recorded less compute than its uncapped peer). At 10 ms every step
 of a few ms is throttled alike. A share too small for 1 ms of quota per 10 ms (the kernel's
 least) gets a longer period instead. Needs root and cgroup v1 (the ``cpu`` hierarchy mounted at ``CPU_ROOT``); elsewhere a
 one-line error before training.

@@ -6,10 +6,8 @@ glibc's malloc hands a large block back to the kernel when it is freed: anything
 is its own ``mmap``, and the heap's top is trimmed once it holds more than 128 KiB free. A training
 step frees its gradients, activations and optimizer temporaries and allocates them again the next
 step, so every step page-faults them back in and the kernel zeroes every page. On a VM each fault
-also costs a trip to the hypervisor. Measured on a 2-core AMD EPYC VM, one thread: an MLP
-784-1152-576-288 (batch 20, Adam) stepped in 6-15 ms with glibc's defaults, median 9-13 ms from
-one process to the next, and in 6.2-6.4 ms with the heap kept; an MLP 784-4096-4096 (67 MB
-weights) in 152 and 69 ms. PyTorch's CPU tuning guide makes the same point for jemalloc and
+also costs a trip to the hypervisor: keeping the heap halves a large MLP's step and steadies a
+small one's (benchmarks/results/code-rules.md). PyTorch's CPU tuning guide makes the same point for jemalloc and
 tcmalloc; this gets it from glibc itself, in a rank that was forked from a warm process, where
 ``LD_PRELOAD`` cannot reach.
 

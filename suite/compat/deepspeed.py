@@ -124,7 +124,7 @@ def zero_stage(engine) -> int:
 def _wrapper(engine):
     """The known wrapper around ``engine.optimizer``, checked against the engine's ZeRO stage;
     None for a bare torch optimizer (stage 0, fp32)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     optimizer, stage = engine.optimizer, zero_stage(engine)
     if isinstance(optimizer, torch.optim.Optimizer):
@@ -195,7 +195,7 @@ def parameter_partitions(engine, params) -> list:
 
 def _tensors(value, name: str) -> list:
     """Tensors in a wrapper attribute: a tensor, or lists/dicts of them (None: freed)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     if value is None:
         return []

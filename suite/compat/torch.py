@@ -29,7 +29,7 @@ def timed_stage_class(synchronize):
     """``PipelineStage`` that adds up in ``busy_s`` the time spent computing (not waiting for
     neighbours), by overriding the per-micro-batch compute methods the schedules call;
     ``synchronize`` waits for the device (GPU work is asynchronous). Checked on 2.14.1."""
-    from torch.distributed.pipelining import PipelineStage  # start-up: loads torch, numpy only when this runs
+    from torch.distributed.pipelining import PipelineStage
 
     for name in STAGE_COMPUTE_METHODS:
         require_attr(PipelineStage, name, lib=LIB, what="called by the pipeline schedules per micro-batch")
@@ -118,7 +118,7 @@ def functional_collectives():
     """The operator namespace of torch's functional collectives (``torch.ops._c10d_functional``):
     selective activation checkpointing keeps a reduce-scatter's output by naming its op there,
     as torchtitan's save list does."""
-    import torch  # start-up: loads torch only when this runs
+    import torch
 
     return require_attr(torch.ops, "_c10d_functional", lib=LIB, what="functional collectives' ops")
 
@@ -132,8 +132,8 @@ def fused_attention():
     as one kernel (``suite.planner.gpu_ops``). The planner enters it when it plans for a GPU. The
     module attribute is replaced, not a function mode's: checkpointing recomputes outside modes.
     Checked on 2.14.1."""
-    import torch  # start-up: loads torch only when this runs
-    import torch.nn.functional as F  # start-up: loads torch only when this runs
+    import torch
+    import torch.nn.functional as F
 
     flash, plain = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, F.scaled_dot_product_attention
 
@@ -159,7 +159,7 @@ def fake_scalars():
     how much to clip, and Adam reads its step count (1.0: its bias correction divides by
     1 - beta ** step); these answers mean "finite, no overflow", the step a real run takes, so
     the step runs through and what it holds and sends is counted. Checked on 2.14.1."""
-    import torch  # start-up: loads torch only when this runs
+    import torch
 
     scalar = torch.ops.aten._local_scalar_dense.default
 
@@ -197,9 +197,9 @@ def fake_friendly():
     - DDP's construction-time checks (parameter shapes across ranks, broadcast of rank 0's
       weights) are skipped: they move real data, which fake tensors have none of.
     """
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed.device_mesh as device_mesh  # start-up: loads torch, numpy only when this runs
-    import torch.nn.parallel.distributed as ddp  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed.device_mesh as device_mesh
+    import torch.nn.parallel.distributed as ddp
 
     fsdp_param = import_internal("torch.distributed.fsdp._fully_shard._fsdp_param", lib=LIB, what="FSDP2 parameters")
     unset_fake = import_internal("torch._subclasses.fake_tensor", "unset_fake_temporarily", lib=LIB)
@@ -252,7 +252,7 @@ def fake_friendly():
 def _overwrite_to(module, device):
     """``module.to(device)`` by replacing each parameter and buffer (what torch does with
     ``torch.__future__.set_overwrite_module_params_on_conversion``, except for fake tensors)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     for sub in module.modules():
         for name, param in list(sub._parameters.items()):

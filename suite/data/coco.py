@@ -108,7 +108,7 @@ def _images(data: dict, max_images, shown: str):
 
 
 def _pair(folder: Path, image: dict, anns: list, class_of: dict, size):
-    from PIL import Image  # start-up: loads PIL only when this runs
+    from PIL import Image
 
     path = folder / image["file_name"]
     try:
@@ -142,7 +142,7 @@ def annotation_mask(segmentation, height: int, width: int, image_id=None) -> np.
 
 
 def polygons_mask(polygons: list, height: int, width: int) -> np.ndarray:
-    from PIL import Image, ImageDraw  # start-up: loads PIL only when this runs
+    from PIL import Image, ImageDraw
 
     canvas = Image.new("L", (width, height), 0)
     draw = ImageDraw.Draw(canvas)

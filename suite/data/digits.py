@@ -46,7 +46,7 @@ def _read():
     spec = importlib.util.find_spec("sklearn")
     path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else None
     if path is None or not path.exists():  # another layout of scikit-learn: ask it
-        from sklearn.datasets import load_digits  # start-up: loads sklearn, numpy, psutil, scipy only when this runs
+        from sklearn.datasets import load_digits
 
         bunch = load_digits()
         return bunch.images, bunch.target

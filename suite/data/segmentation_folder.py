@@ -132,7 +132,7 @@ def _matched(folder: Path, shown: str) -> list[tuple[Path, Path]]:
 
 def _open(path: Path, pixels: bool = True):
     """The image (decoded; with ``pixels=False`` only its header is read); SuiteError naming the file."""
-    from PIL import Image, UnidentifiedImageError  # start-up: loads PIL only when this runs
+    from PIL import Image, UnidentifiedImageError
 
     try:
         img = Image.open(path)
@@ -159,7 +159,7 @@ def _check_same_size(splits) -> None:
 
 
 def _pair(image_path: Path, mask_path: Path, fit: str, size, channels: int):
-    from PIL import Image  # start-up: loads PIL only when this runs
+    from PIL import Image
 
     image, mask = _open(image_path), _open(mask_path)
     if mask.mode not in ("1", "L", "P", "I", "I;16"):

@@ -87,9 +87,9 @@ def _tensors(ds) -> TensorDataset:
 def _without_md5(cls_name):
     """torchvision checks CIFAR files against the official md5 sums; we accept any file in the
     standard pickle format (so tests can write small ones) and check only that it exists."""
-    import torchvision.datasets as tvd  # start-up: loads torch, torchvision, numpy, PIL only when this runs
+    import torchvision.datasets as tvd
 
-    from suite.compat import torchvision as tv_compat  # start-up: loads suite.compat only when this runs
+    from suite.compat import torchvision as tv_compat
 
     cls = getattr(tvd, cls_name)
     return tv_compat.cifar_without_md5(cls) if cls_name.startswith("CIFAR") else cls

@@ -29,8 +29,8 @@ def _run(args) -> int:
         raise SuiteError(f"--timeout {args.timeout:g}: give a positive number of seconds, e.g. --timeout 60")
     if args.json and args.json.is_dir():
         raise SuiteError(f"--json {args.json} is a folder; name a file, e.g. --json {args.json / 'doctor.json'}")
-    from suite.doctor import checkup  # start-up: torch comes with it; bad usage is told before
-    from suite.doctor.report import exit_code, write_json  # start-up: loads suite.doctor only when this runs
+    from suite.doctor import checkup
+    from suite.doctor.report import exit_code, write_json
 
     try:
         up = checkup.run(checkup.CheckupSpec(ranks=args.ranks, quick=args.quick, timeout_s=args.timeout, out=args.out))

@@ -51,7 +51,7 @@ def bus_bandwidth(kind: str, size_bytes: int, seconds: float, world: int) -> tup
 
 def default_ops() -> dict:
     """Each collective as ``op(output, input)`` (all_reduce works in place: output is input)."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
     return {"all_reduce": lambda out, inp: dist.all_reduce(out),
             "all_gather": lambda out, inp: dist.all_gather_single(out, inp),
@@ -62,7 +62,7 @@ def buffers(kind: str, count: int, world: int, rank: int, device):
     """(output, input, expected output) for one exact check: rank r contributes r + 1 plus a
     pattern of its elements' positions, so a rank's missing or doubled share, a shifted or
     swapped chunk and a wrong operation all change the result."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     def values(start, stop, who):
         return (who + 1) + 2 * (torch.arange(start, stop, device=device) % VALUE_PERIOD).float()
@@ -96,8 +96,8 @@ def measure(kind: str, size_bytes: int, ctx, op, warmup: int, iters: int) -> dic
     median of ``iters`` timed calls after ``warmup`` untimed ones. Each timed call starts after
     a barrier (so it times the collective, not a late peer's earlier work) and ends when the
     device is done with it."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     world = ctx.world_size
     count = max(world, size_bytes // 4 // world * world)  # fp32 elements, divisible into shards
@@ -126,9 +126,8 @@ def measure(kind: str, size_bytes: int, ctx, op, warmup: int, iters: int) -> dic
 
 def rank_program(say, device: str, kinds, message_sizes, warmup: int, iters: int, timeout_s: float, ops=None):
     """What each rank runs (``suite.doctor.ranks``): join, then every size of every kind."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train import dist as suite_dist
 
     say("step", what="rendezvous")

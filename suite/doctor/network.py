@@ -20,7 +20,7 @@ from suite.doctor.report import Check
 
 def _addresses() -> dict[str, list[str]]:
     """{interface: [IPv4/IPv6 addresses]} of this machine's interfaces that are up."""
-    import psutil  # start-up: loads psutil only when this runs
+    import psutil
 
     stats = psutil.net_if_stats()
     out = {}
@@ -35,7 +35,7 @@ def _addresses() -> dict[str, list[str]]:
 
 def link_speed_mbit(interface: str) -> int | None:
     """The link rate the kernel reports (Mbit/s); None when it does not (loopback, many VMs)."""
-    import psutil  # start-up: loads psutil only when this runs
+    import psutil
 
     s = psutil.net_if_stats().get(interface)
     return s.speed if s and s.speed else None

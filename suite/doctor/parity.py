@@ -51,9 +51,8 @@ def parity_smoke(world: int, steps: int, out: Path, device: str, emit, line, lab
     once (``certify_each``: one single and one floor run per precision serve them all, and the
     strategies that share a precision run as one sweep). ``certify`` defaults to
     ``suite.verify.certify_each``; without it the smoke is one skipped check saying so."""
-    # start-up: loads torch, numpy, pydantic, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
-    from suite.common.errors import SuiteError  # start-up: loads suite.common only when this runs
+    from suite.common.errors import SuiteError
 
     certify = certify or certify_function()
     if certify is None:

@@ -75,7 +75,7 @@ def human_bytes(n: int) -> str:
 
 
 def write_json(path: Path, facts: dict, checks: list[Check]) -> None:
-    from suite.record.run_record import write_json_atomic  # start-up: loads pydantic, suite.record only when this runs
+    from suite.record.run_record import write_json_atomic
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ def version_check(have: dict[str, str | None]) -> Check:
     """Every library of LIBRARIES installed at its tested version (a local build tag such as
     +cu130 aside); another version is a warning naming it and what is then untested
     (pyproject.toml allows ranges, so that a cluster's own torch stays), a missing one fails."""
-    from suite.compat import untested  # start-up: loads suite.compat only when this runs
+    from suite.compat import untested
 
     off = untested({lib: have.get(lib) for lib in LIBRARIES})
     if not off:
@@ -44,8 +44,8 @@ def version_check(have: dict[str, str | None]) -> Check:
 
 
 def software() -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch
+    import torch.distributed as dist
 
     return {"python": platform.python_version(), "python_executable": os.path.realpath(sys.executable),
             "torch": torch.__version__, "torch_cuda_build": torch.version.cuda,
@@ -56,7 +56,7 @@ def software() -> dict:
 
 
 def cpu() -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     return {"cores_usable": len(os.sched_getaffinity(0)), "cores_machine": os.cpu_count(),
             "aten_capability": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
@@ -65,7 +65,7 @@ def cpu() -> dict:
 
 def _probe_gpus(conn) -> None:
     try:
-        import torch  # start-up: torch loads in this probe only
+        import torch
 
         gpus = [{"index": i, "name": torch.cuda.get_device_properties(i).name,
                  "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
@@ -82,7 +82,7 @@ def gpus() -> dict:
     """{"gpus": [...], "nccl": version} probed in a forked child: CUDA must not start in this
     process, whose ranks are forked later (a process that started CUDA cannot fork children that
     use it), and a driver that hangs must not hang the doctor."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     if not torch.backends.cuda.is_built():
         return {"gpus": [], "nccl": None, "note": "torch built without CUDA"}

@@ -78,9 +78,8 @@ def export_model(folder: Path, out: Path, hf_folder: bool = False) -> int:
                          f"set, or resume the run until it saves one")
     if not hf_folder and out.suffix != ".safetensors":
         raise SuiteError(f"--model {out}: name the file FILE.safetensors (its config is written to FILE.json)")
-    # start-up: the recipe, torch and the strategies load only for a model export, not a W&B one
     from suite import recipe as recipes
-    from suite.tasks import export as export_task  # start-up: torch and the rank's code, only for --model
+    from suite.tasks import export as export_task
 
     recipe = recipes.load(folder / "recipe.yaml")[0]
     if type(recipe.strategy).owns_training:

@@ -37,8 +37,7 @@ OPTIONS = [MobileNetV2]
 
 
 def build(spec, *, width: float, dropout: float) -> nn.Sequential:
-    from torchvision.models.mobilenetv2 import MobileNetV2 as TorchvisionMobileNetV2  # start-up: ~2 s, only when built
-    # start-up: loads torch, torchvision, numpy, PIL only when this runs
+    from torchvision.models.mobilenetv2 import MobileNetV2 as TorchvisionMobileNetV2
     from torchvision.ops.misc import Conv2dNormActivation
 
     net = TorchvisionMobileNetV2(num_classes=spec.num_classes, width_mult=width,

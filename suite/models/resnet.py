@@ -32,7 +32,7 @@ OPTIONS = [ResNet18]
 
 
 def build(spec, *, width: float) -> nn.Sequential:
-    from torchvision.models.resnet import BasicBlock, conv1x1, conv3x3  # start-up: ~2 s to import, only when built
+    from torchvision.models.resnet import BasicBlock, conv1x1, conv3x3
 
     channels = spec.input_shape[0]
     planes = [max(1, int(c * width)) for c, _ in STAGES]

@@ -25,7 +25,7 @@ OPTIONS = [VGG11]
 
 
 def build(spec, *, width: float, batch_norm: bool, classifier_hidden: int) -> nn.Sequential:
-    from torchvision.models.vgg import cfgs, make_layers  # start-up: ~2 s to import, only when a VGG is built
+    from torchvision.models.vgg import cfgs, make_layers
 
     channels, height, side = spec.input_shape
     if min(height, side) < 32:

@@ -48,8 +48,7 @@ def _worlds(text: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    from suite.planner import report  # start-up: loads suite.planner only when this runs
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
+    from suite.planner import report
     from suite.recipe.text import raw_points
 
     args = parse_args(argv)

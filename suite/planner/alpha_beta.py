@@ -84,11 +84,9 @@ def fit(kind: str, world: int, points: list[tuple[float, float]], in_step=None, 
     busy machine) makes c0 or c1 non-positive, the Theil-Sen line (median of the pairwise slopes,
     median intercept) replaces it, robust to a few slow points; ``method`` says which was used.
     The line must not make the largest message faster than it was measured (more than 3 %): where
-    it does, c1 is raised to meet it. Over a tbf-shaped 1 Gbit/s link, whose bucket lets the first
-    500 KB of a message through at once, the line on relative error alone fitted 243 MB/s where the
-    1 and 4 MiB messages measured 115 MB/s (a gradient's all-reduce there was predicted at half
-    its time); taking the bandwidth from the larger half of the sizes alone instead moved the
-    loopback predictions of many mid-sized calls (allreduce: one call per tensor) 15-25 % low.
+    it does, c1 is raised to meet it: a shaped link's token bucket lets a message's first bytes
+    through at once, which the relative-error line alone takes for bandwidth (figures, and why not
+    the larger sizes alone: benchmarks/results/code-rules.md).
 
     Fitted to the points' lower envelope from the right: a message cannot take less time than a
     larger one over the same link, so a small one measured slower than a larger one was held up by
@@ -124,10 +122,8 @@ def beta_at(f: dict, kind: str, message_bytes: float) -> float:
     message's own (its time less the fit's latency, ``_point_betas``), interpolated on log(size)
     between the two nearest, held at the ends; the fit's beta where no message was timed so that
     bandwidth decided its time. One straight line cannot hold every size where the bandwidth
-    changes with it: on the Intel VM's loopback gloo's all_gather moved 1 to 16 MiB at 640-730
-    MB/s and 64 MiB at 342 MB/s, and the line (held to the largest message's bandwidth) priced
-    a 4.5 MB gather at twice its measured time; over a tbf-shaped link the first 500 KB of a
-    message pass at once (``fit``)."""
+    changes with it, as gloo's on loopback does (benchmarks/results/code-rules.md); over a
+    tbf-shaped link the first bytes of a message pass at once (``fit``)."""
     betas = _point_betas(f, kind)
     if not betas or message_bytes <= 0:
         return f["beta_bytes_per_s"]

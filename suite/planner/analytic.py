@@ -49,20 +49,16 @@ def model_step(recipe) -> dict:
     The meta device rather than FakeTensorMode: a backward under FakeTensorMode starts autograd's
     device threads, after which a process can no longer fork ranks that train (a run's rank 0,
     a test process); one on the meta device does not."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    from torch.utils.flop_counter import FlopCounterMode  # start-up: loads torch, numpy only when this runs
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
-    # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
     from suite.planner.counting import LiveBytes, OpCosts, fake_batch
-    from suite.models import empty  # start-up: loads torch only when this runs
-    # start-up: loads torch, suite.strategies only when this runs
+    from suite.models import empty
     from suite.strategies.tensor import published_roles
-    # start-up: loads torch, numpy, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.dist import uses_cuda
-    from suite.compat import torch as torch_compat  # start-up: loads torch only when this runs
-    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
+    from suite.compat import torch as torch_compat
+    from suite.strategies import prepare
 
     layout = recipe.layout()
     setup = make_setup(recipe, None)
@@ -128,7 +124,6 @@ def stage_share(recipe, step: dict) -> float | None:
     pace), by the blocks each stage gets: the strategy's ``split_at``, else parameter-balanced as
     the splitting strategies cut (``suite.strategies.splitting``; DeepSpeed's ``partition:
     uniform`` by block count); None where the model is not cut into stages."""
-    # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies.splitting import balanced_split
 
     stages, flops = recipe.layout().degree("pipeline"), step.get("block_flops") or []
@@ -160,7 +155,6 @@ def unit_bytes(model) -> list[int]:
     """Parameter bytes of the units a sharding strategy gathers one at a time: each block with
     parameters (``suite.models.units``: the top-level ones, or an HF model's own), then the
     root's own (what is left)."""
-    # start-up: loads torch, suite.models only when this runs
     from suite.models import units
 
     blocks = [sum(p.numel() * p.element_size() for p in block.parameters()) for block in units(model)]
@@ -172,7 +166,6 @@ def unit_bytes(model) -> list[int]:
 def strategy_rules(options, *rules: str):
     """The strategy's options, SuiteError (one line, naming the strategy and the rule) where it
     declares none of ``rules`` (default: all of them): never a default cost model."""
-    # start-up: the strategy registry imports torch and every strategy; loaded when a rule is read.
     from suite.strategies import costs
 
     costs.require(options, *rules)
@@ -183,9 +176,7 @@ def step_sizes(recipe, g: int, p: int, step: dict, parts: int = 1):
     """What the strategy's rules read of this rank's step (``suite.strategies.costs.StepSizes``);
     ``g`` and ``p``: its gradient and parameter bytes before sharding (its stage's, under a
     pipeline); ``step``: ``model_step``'s result."""
-    # start-up: the strategy registry and train.dist import torch; loaded when a rule is read.
     from suite.strategies.costs import StepSizes
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.dist import uses_cuda
 
     return StepSizes(layout=recipe.layout(), gradient_bytes=g, parameter_bytes=p,
@@ -205,7 +196,6 @@ def communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[int, in
     strategy = strategy_rules(recipe.strategy, "comm_rule")
     if recipe.world_size == 1:
         return {}
-    # start-up: the strategy registry imports torch; loaded when a rule is read.
     from suite.strategies.costs import merged
 
     sizes = step_sizes(recipe, g, p, step)
@@ -229,7 +219,7 @@ def data_communication(recipe, g: int, p: int, step: dict) -> dict[str, tuple[in
     strategy declares for its kind (``StepProfile.data_comm``): batch norm synced over them."""
     if recipe.world_size == 1 or not recipe.training.sync_batchnorm:
         return {}
-    from suite.strategies.costs import synced_batchnorm  # start-up: the strategy registry imports torch
+    from suite.strategies.costs import synced_batchnorm
 
     return dict(synced_batchnorm(step_sizes(recipe, g, p, step)))
 
@@ -273,7 +263,7 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
     """The analytic StepProfile of ``recipe`` (already at ``world_size``); ``reason``: why the
     fake run could not be used, kept in ``notes``; ``step``: ``model_step(recipe)`` where the
     caller counted it already (the advisor counts each batch once)."""
-    from suite.planner.memory import predicted_held_bytes  # start-up: loads suite.planner only when this runs
+    from suite.planner.memory import predicted_held_bytes
 
     strategy_rules(recipe.strategy)  # every rule declared, before a second is spent on the model
     layout = recipe.layout()

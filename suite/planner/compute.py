@@ -15,9 +15,9 @@ def compute_rates(precision: str = "fp32") -> dict:
     """The measured matmul peak per thread count 1 .. cores (``suite.record.peak``, cached), the
     peak of the other precisions (bf16, fp64) at all the cores, and the memory-copy rate of one
     thread (``copy_rate``)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    from suite.record import peak  # start-up: loads torch, numpy, suite.record only when this runs
+    from suite.record import peak
 
     before, by_threads = torch.get_num_threads(), {}
     try:
@@ -44,8 +44,8 @@ def speed_sample(window_s: float = 0.3) -> float:
     """FLOP/s of one thread repeating one float32 matmul for ``window_s``: a fixed piece of work
     timed at moments through the calibration (its ranks' start and end, its own end), to see
     whether the machine kept its speed while measured (``suite.planner.hardware.speed_spread``).
-    On a shared VM it may not: one thread's matmul here ran 60 and 121 GFLOP/s a second apart."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    On a shared VM it may not, by up to 2x a second apart (benchmarks/results/code-rules.md)."""
+    import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -68,9 +68,9 @@ COPY_BYTES = 16 * 2**20
 def copy_rate(n_bytes: int = COPY_BYTES, repeats: int = 9) -> float:
     """Bytes per second one thread copies into a freshly allocated tensor (median of
     ``repeats``): what FSDP2 does around each gather and reduce-scatter, into buffers it
-    allocates each time, so the first touch of their pages is part of the cost (a copy into a
-    reused buffer ran about 1.3x faster here, 6 against 4.4 GB/s at 16 MiB)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    allocates each time, so the first touch of their pages is part of the cost (a reused buffer
+    copies faster: benchmarks/results/code-rules.md)."""
+    import torch
 
     source = torch.ones(n_bytes // 4)
     times = []
@@ -89,11 +89,9 @@ def model_rate(recipe, world: int, threads: int, steps: int = 5, step_flops: int
     the model is built, just before the timed steps. ``window_s``: time steps for that long (at
     least ``steps``) and take their mean, rather than the median of ``steps``: ranks sharing
     cores get their fair share only over many of the scheduler's slices."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import build as build_model
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import flops
 
     spec = recipe.data.spec()
@@ -161,13 +159,11 @@ def model_rates(recipe, ranks_per_node: list[int], cores: int) -> dict:
     achieves at its rank batch while that many ranks step at once (forked processes, each with
     ``cores // ranks`` threads, at least one), so that the threads' scaling, the batch size and
     the ranks' contention for the cores are measured rather than assumed. The ranks' mean step
-    over ``WINDOW_S`` seconds, averaged over the ranks: with 4 ranks on 2 cores the slowest
-    rank's median of 5 steps read 144 ms in one calibration and 219 ms in the next, while DDP's
-    whole step at that size took 183-202 ms; the window's means spread by 10 % across the ranks.
+    over ``WINDOW_S`` seconds, averaged over the ranks: the slowest rank's median of a few steps
+    swings between calibrations where ranks share cores (benchmarks/results/code-rules.md).
     The FLOPs are counted once, here (on the meta device: no thread pool is started before the
     forks), and the ranks start their timed steps together, none while another still builds."""
 
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import flops
 
     step_flops = flops.train_step_flops(recipe)

@@ -65,9 +65,8 @@ def _register_ddp_hooks(engine, world_size: int) -> bool:
 def at_world(recipe, world_size: int):
     """The recipe at this world size (one node of ``world_size`` ranks); SuiteError where the
     strategy or the batch refuses it."""
-    # start-up: loads pydantic, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
-    import yaml  # start-up: loads yaml only when this runs
+    import yaml
 
     raw = yaml.safe_load(recipes.dump(recipe))
     raw["launch"] = {**raw["launch"], "executor": "local", "nodes": 1, "tasks_per_node": world_size}
@@ -76,17 +75,12 @@ def at_world(recipe, world_size: int):
 
 def profile_step(recipe, world_size: int) -> StepProfile:
     """Rank 0's cost of one optimizer step of ``recipe`` at ``world_size`` (see the module doc)."""
-    from torch.utils.flop_counter import FlopCounterMode  # start-up: loads torch only when this runs
+    from torch.utils.flop_counter import FlopCounterMode
 
-    # start-up: loads pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite import strategies
-    # start-up: loads pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite.strategies import prepare
-    # start-up: loads pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite.strategies.context import DistContext
-    # start-up: loads torch, pydantic, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.train only when this runs
     from suite.train.rank import make_setup
-    # start-up: loads torch, suite.train only when this runs
     from suite.train.dist import uses_cuda
 
     recipe = at_world(recipe, world_size)
@@ -236,10 +230,10 @@ def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool
 
 def warm() -> None:
     """Import what every child needs once, in the parent (forked children share it)."""
-    # start-up: these imports are the point: done once here, before the children fork
+    # these imports are the point: done once here, before the children fork
     from torch.utils import flop_counter  # noqa: F401
 
     import suite.strategies  # noqa: F401
-    import suite.train.rank  # noqa: F401  (start-up: as above)
+    import suite.train.rank  # noqa: F401
     torch_compat.fake_tensor_mode()  # imports dynamo, the bulk of the start-up
 

@@ -60,14 +60,10 @@ def message_fits(kind: str, link: str, profile: StepProfile, calibration: dict, 
     with all the node's ranks at once (None where it did not, or where each rank has a core).
 
     A pair of ranks timed alone finds idle cores; in the run, the receiver, and the gloo thread that
-    takes its message in, wait for a core the node's other ranks hold. Measured with gloo, 4
-    processes on 2 cores: a 64 KiB ping-pong took 0.07 ms one way with the other two idle, 0.4-0.8
-    ms with them computing. The calibration at the node's rank count times each rank's sends
-    between slices of compute while every rank steps (``time_in_step``), which is that wait. Over
-    the stored pipeline runs at 4 ranks on 2 cores (47 runs: GPipe and 1F1B at 4 stages, pipeline
-    x dp; 13 models), median |error| 18 -> 13 %, p90 32 -> 29 %; GPipe on millisecond stages
-    (-56 .. -65 %) -40 .. -53 %; heavily unbalanced pipelines, already over-predicted, more so
-    (a CNN's 1F1B whose first stage holds 87 % of the compute, +47 -> +78 %)."""
+    takes its message in, wait for a core the node's other ranks hold: several times the idle
+    time. The calibration at the node's rank count times each rank's sends between slices of
+    compute while every rank steps (``time_in_step``), which is that wait (figures:
+    benchmarks/results/code-rules.md)."""
     if kind not in ("send", "recv"):
         return None
     per_node = options.get("ranks_per_node") or profile.world_size
@@ -97,10 +93,7 @@ def groups_in_lockstep(key: str, profile: StepProfile, calibration: dict, option
     groups smaller than the node's ranks, all of which call them at the same point of the step on
     cores the ranks share (``groups_sharing_cores`` slows them for that). Every rank of the node
     is then in a collective at once: none computes while another waits, and no overlap rule hides
-    them. Measured at 4 ranks on 2 cores (CNN, seq2seq; HSDP, shard and replica groups of 2):
-    stepped within 0-3 % of compute plus these collectives in full, where the rules' overlap (half
-    hidden, up to the compute) predicted 17-28 % fast; FSDP over all 4 ranks, one group, as its
-    rule predicts."""
+    them (figures: benchmarks/results/code-rules.md)."""
     kind, _, data = key.partition("@")
     return group_slowdown(kind, *group_of(kind, options, profile, data=bool(data)), profile, calibration, options) > 1
 
@@ -110,16 +103,12 @@ def groups_sharing_cores(calibration: dict, size: int, ranks_per_node: int, opti
     (``size`` ranks alone on the node) when the node's ``ranks_per_node`` ranks run their groups'
     collectives at once on fewer cores: the ratio of the cores each rank gets. Every group of a
     data-parallel or tensor-parallel axis calls its collective at the same point of the step
-    (point-to-point sends between pipeline stages are staggered: not counted so). Measured at 4
-    ranks on 2 cores: HSDP (shard groups of 2) and tensor x data parallel stepped 2-3x slower
-    than their collectives as timed with 2 ranks alone predicted.
+    (point-to-point sends between pipeline stages are staggered: not counted so).
 
-    The ratio slows each call's latency, the wait for a core (``timing._kind_time_s``), not its bytes:
-    slowing both, HSDP on an MLP 2048x2048 (16 MB of gradients, bandwidth-bound) at 4 ranks on 2
-    cores was predicted 43 % slow, and tensor x data parallel 62 %; with the latency alone, 10 %
-    and 30 %, while latency-bound models (CNN, keras MLP, transformer) moved by 1-4 %. The bytes
-    move at the rate the calibration timed with every group at once where it did (``groups_fit``:
-    1.3-2.3x slower than alone on the 2-core EPYC VM, not the cores' 2x)."""
+    The ratio slows each call's latency, the wait for a core (``timing._kind_time_s``), not its
+    bytes, which slowed so over-predict bandwidth-bound models. The bytes move at the rate the
+    calibration timed with every group at once where it did (``groups_fit``), which is less than
+    the cores' ratio (figures: benchmarks/results/code-rules.md)."""
     if size >= ranks_per_node:
         return 1.0
     return shared_core(calibration, size, options) / shared_core(calibration, ranks_per_node, options)
@@ -130,12 +119,7 @@ def cores_all_busy(options: dict, profile: StepProfile, calibration: dict) -> bo
     holds. A collective overlaps compute only where something else runs it: a GPU's copy engines
     and NCCL's own SMs, an idle core, or, with more ranks than cores, another rank computing while
     this one waits. With one rank per core, gloo's threads take their time from the ranks'
-    compute: nothing is hidden. Measured: ZeRO-3 at 2 ranks on 2 cores stepped in 209 ms, against
-    128 ms predicted with half its communication hidden and 170 ms with none. At 4 ranks on 2
-    cores (the ranks' compute 178 ms with all 4 stepping at once) DDP stepped in 196 ms with 45 ms
-    of all-reduce, FSDP within 8-23 % of its rule's prediction and 20-42 % above the one with
-    nothing hidden; allreduce, whose reductions follow backward on every rank at once, as
-    predicted (250 ms)."""
+    compute: nothing is hidden (figures: benchmarks/results/code-rules.md)."""
     device = options.get("device")
     if calibration["compute"].get("per_device"):  # a GPU preset
         return False

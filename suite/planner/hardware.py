@@ -117,7 +117,6 @@ def preset(name: str) -> dict:
 
 def load(name_or_path: str | None, backend: str | None = None) -> dict | None:
     """A profile: a preset's name, a calibration file, or (None) this host's stored calibration."""
-    # start-up: suite.planner.calibration reads the cache only when asked
     from suite.planner import calibration
 
     if name_or_path is None:
@@ -155,9 +154,7 @@ def busy_load(calibration: dict) -> float | None:
 
 # A calibration whose fixed matmul (``compute.speed_sample``, at its ranks' start and end and at its
 # own end) ran this much faster at best than at worst is flagged (``speed_spread``): the machine
-# did not keep its speed. On the 2-core Intel VM of 2026-11-27 one thread's matmul ran 60 and 121
-# GFLOP/s a second apart, the same run (an MLP, DDP at 2 ranks) took 20 and 78 ms a step in two
-# rounds, and two measurements of the same 32 configurations differed by a median 22 %.
+# did not keep its speed, and steps measured there vary as much (benchmarks/results/code-rules.md).
 SPEED_SPREAD = 0.25
 
 

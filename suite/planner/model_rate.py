@@ -4,15 +4,14 @@ the calibration (``with_model_rate``).
 
 Timed in a fresh interpreter (``time_in_fresh_process``: the predicting process may be a rank
 whose thread pools make a new engine hang), whose freed memory stays in its heap as a CPU rank's
-does (``suite.common.heap``): with glibc's defaults the same MLP step (784-1152-576-288, batch 20,
-one thread) timed 9-13 ms from one fresh process to the next, 6-15 ms from step to step; kept,
-6.2-6.4 ms. The result is cached per host in the calibration folder
+does (``suite.common.heap``): with glibc's defaults the same step varies by half from one fresh
+process to the next (benchmarks/results/code-rules.md). The result is cached per host in the calibration folder
 (``model-times.json``), keyed by the model section, the strategy timed, the batch, the precision
 and the threads: a sweep or the advisor times each model, strategy and batch once. The timings
 a prediction needs (the model's, its strategy's) run one after another in one fresh process
 (``time_all``; the advisor's, every candidate's at once), each strategy after one that leaves
-no process-wide state: the same step timed so and each in its own process agreed within the
-noise between processes (6 models, 0.1-1.5 ms on steps of 5-63 ms).
+no process-wide state: the same step timed so and each in its own process agree within the
+noise between processes (benchmarks/results/code-rules.md).
 """
 from __future__ import annotations
 
@@ -76,7 +75,6 @@ class Job:
         return timed_as.reusable_process
 
     def request(self) -> dict:
-        # start-up: loads pydantic, yaml, suite.recipe only when this runs
         from suite import recipe as recipes
 
         return {"recipe": recipes.dump(self.recipe), "threads": self.threads, "own_strategy": self.own_strategy,
@@ -159,9 +157,8 @@ def time_in_fresh_process(jobs: list[Job]) -> list[dict]:
 def child() -> None:
     """The fresh process's side of ``time_in_fresh_process``: the request on stdin, each job's
     result as a line of stdout as it ends."""
-    # start-up: loads pydantic, yaml, suite.recipe only when this runs
     from suite import recipe as recipes
-    import yaml  # start-up: loads yaml only when this runs
+    import yaml
 
     request = json.loads(sys.stdin.read())
     jobs = request["jobs"]

@@ -10,9 +10,8 @@ strategy as one rank of a process group of one where it runs so (no pipeline sta
 dropped: HSDP's replicas, tensor parallelism's tp). The difference is what the strategy's own
 code costs a rank each step besides the model (``overhead_s``: DDP's bucket copies, FSDP's
 per-unit hooks and copies, DeepSpeed's flat buffers and norm, DTensor's dispatch), which no count
-of collectives sees: on a CPU, FSDP2 stepped ResNet-18 (width 0.25, batch 16) in 46 ms as one
-rank against 34 ms for ``single``, and tensor parallelism a 2-layer transformer in 15.5 ms
-against 9.6 ms. The time model adds it to the rank's compute whole: it does not shrink with the
+of collectives sees, and which can be a third of the step on a CPU (figures:
+benchmarks/results/code-rules.md). The time model adds it to the rank's compute whole: it does not shrink with the
 rank's share of the FLOPs. One rank's collectives return at once, so neither timing holds any
 communication of the predicted world. A pipeline, which cannot run as one rank, is timed stage by
 stage through its own schedule, with and without the wrapper its stages carry (``stage_time``).
@@ -22,12 +21,9 @@ as rank 0 of its own world, its degrees kept, on a fake process group (``at_worl
 collectives return at once, untouched). Its degrees dropped, tensor parallelism timed the whole
 width and the time model took 1/tp of it; but a rank at tp 2 computes half of each split layer and
 all of the replicated rest (norms, embeddings, the head, DTensor's redistributions), which no
-FLOP count sees. Measured 2026-11-29 on 2 cores: a 3-block transformer's rank at tp 2 stepped in
-31 ms against the 25.5 ms the two one-rank timings gave, a 2-block one in 27 against 24, a
-2-block transformer's rank of tensor x dp (2 x 2) in 22 against 15; the benchmark's tensor runs
-had been predicted 15-24 % short. What a data-parallel rank computes is the whole model at its
-batch, which the one-rank timings hold: FSDP's rank at world 4 timed so stepped as at world 1
-(a transformer 31 against 32 ms, an MLP 40 against 48). The fake group is torch's own, from its
+FLOP count sees, so 1/tp of the whole width predicts a tensor rank short. What a data-parallel
+rank computes is the whole model at its batch, which the one-rank timings hold (figures for both:
+benchmarks/results/code-rules.md). The fake group is torch's own, from its
 test utilities (``suite.compat.torch.fake_store``, as the planner's fake run uses it); should a
 torch lack it, the timing fails and the prediction falls back to the FLOP share, as for any
 strategy whose own timing fails (``model_rate.with_model_rate``).
@@ -71,9 +67,8 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
     """The recipe as one rank at the batch a rank of ``recipe`` computes at once: strategy
     ``single``, or with ``own_strategy`` the recipe's own where it runs as one rank (no pipeline
     stages; its degrees, HSDP's replicas and tensor parallelism's, dropped) and validates."""
-    # start-up: loads pydantic, yaml, suite.recipe, suite.strategies only when this runs
     from suite import recipe as recipes
-    import yaml  # start-up: loads yaml only when this runs
+    import yaml
     from suite.common.errors import SuiteError
 
     layout = recipe.layout()
@@ -82,8 +77,8 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
     pipeline = layout.degree("pipeline") > 1
     # A pipeline whose stages the planner cannot time one by one (no ``stage_schedule``:
     # DeepSpeed's engine) as one stage on one rank, its micro-batches kept: what its engine's
-    # schedule costs a step. Untimed, DeepSpeed's pipeline on the quickstart MLP (2 stages, 2
-    # micro-batches) was predicted at 1.4 ms against 2.5 ms measured, ranked above DDP (0.9 ms).
+    # schedule costs a step; untimed, it was predicted well short of its runs
+    # (benchmarks/results/code-rules.md).
     one_stage = own_strategy and pipeline and recipe.strategy.stage_schedule(layout) is None
     alone = own_strategy and recipe.strategy.name not in NOT_ALONE and (not pipeline or one_stage)
     # Its degrees dropped: one rank of each (tensor parallelism's machinery runs at tp 1 too).
@@ -108,8 +103,8 @@ def one_rank_recipe(recipe, own_strategy: bool = False):
 def world_recipe(recipe):
     """The recipe as its ranks compute one accumulation batch each and step (``at_world``): its
     strategy and world kept, ``grad_accumulation`` 1, the per-rank batch shares dropped."""
-    from suite import recipe as recipes  # start-up: loads pydantic, yaml, suite.recipe only when this runs
-    import yaml  # start-up: loads yaml only when this runs
+    from suite import recipe as recipes
+    import yaml
 
     layout = recipe.layout()
     raw = yaml.safe_load(recipes.dump(recipe))
@@ -166,7 +161,7 @@ def _rank_zero_of(world: int, device) -> None:
     collectives return at once, untouched (what a rank computes at that world, none of what it
     sends). A group of one an earlier timing in this process left is kept for another, replaced
     by a fake world (which ``_time_engine`` ends after its timing)."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
     if dist.is_initialized():
         if world == 1:
@@ -179,17 +174,16 @@ def _rank_zero_of(world: int, device) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     else:
-        # start-up: registers torch's "fake" backend only when a rank is timed at its world
         from suite.compat import torch as torch_compat
 
         dist.init_process_group("fake", store=torch_compat.fake_store(), rank=0, world_size=world)
 
 
 def _time_stages(recipe, threads: int, ready=None) -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    from suite.planner import stage_time  # start-up: loads suite.planner only when this runs
-    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
+    from suite.planner import stage_time
+    from suite.strategies import prepare
 
     one = one_rank_recipe(recipe)
     device = torch.device("cuda" if one.launch.device == "cuda" else "cpu")
@@ -208,19 +202,13 @@ def _time_stages(recipe, threads: int, ready=None) -> dict:
 
 
 def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
-    # start-up: loads torch, pydantic, suite.strategies only when this runs
     from suite import strategies
-    # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner import analytic
-    # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner.counting import fake_batch
-    # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies import prepare
-    # start-up: loads torch, suite.strategies only when this runs
     from suite.strategies.context import DistContext
-    # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
     from suite.train.rank import make_setup
 
     device = torch.device("cuda" if one.launch.device == "cuda" else "cpu")
@@ -253,7 +241,7 @@ def _time_engine(one, threads: int, ready=None, world: int = 1) -> dict:
     finally:
         torch.set_num_threads(before)
         if world > 1:
-            import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+            import torch.distributed as dist
 
             dist.destroy_process_group()
     step_s = statistics.median(times)

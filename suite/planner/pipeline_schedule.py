@@ -7,10 +7,8 @@ on how long it takes. gloo (as NCCL) moves a point-to-point message once both si
 it: a send posted early waits for its receive. GPipe posts each receive just before the chunk
 that needs it, one at a time, so every message's latency lies on its receiver's path; 1F1B
 fuses a stage's next receive with its last send, and overlaps them with its neighbour's work.
-Measured at 2 stages, 4 chunks, one rank per core (an autoencoder of 0.6 ms chunks, 16 KiB
-messages): GPipe stepped in 6.2-7.2 ms and 1F1B in 4.0-5.1 ms over the same stage compute (1.8
-and 2.4 ms a step per stage, from the runs' own stage timers); the bubble formula gives both the
-same.
+So GPipe steps measurably slower than 1F1B over the same stage compute, where the bubble formula
+gives both the same (benchmarks/results/code-rules.md).
 
 The rule per message (a rendezvous): its receive's notice reaches the sender ``notice_s``
 after the receive is posted; the data leaves once the notice has come and the send is posted,
@@ -23,11 +21,9 @@ from suite.planner import alpha_beta
 
 SCHEDULES = ("gpipe", "1f1b")
 # What the time model predicts through ``simulate``. 1F1B's step is simulated but not predicted
-# so: measured on the autoencoder above at 2, 4 and 8 chunks, its step beyond its stage's compute
-# stayed 1.5, 2.5, 2.4 ms where the rule gives 1.7, 2.7, 4.6 ms (its fused sends and receives
-# in the steady phase cost less than a rendezvous each), while GPipe's grew 2.1, 4.5, 7.2 ms
-# against 2.2, 4.1, 7.9 ms simulated (a calibration of the machine that hour). The bubble
-# formula predicts 1F1B (``suite.planner.timing``).
+# so: its fused sends and receives in the steady phase cost less than a rendezvous each, so the
+# rule over-prices it as chunks grow, where it holds GPipe (benchmarks/results/code-rules.md).
+# The bubble formula predicts 1F1B (``suite.planner.timing``).
 PREDICTED = ("gpipe",)
 PLAYS = 5  # at most (``simulate``): a message found to leave during its sender's compute moves the spans after it
 
@@ -196,13 +192,8 @@ def predicted_step(schedule: str, stage_steps: list[float], chunks: int, backwar
     leaves while its sender computes, what a send costs between slices as long as the busiest
     stage's compute over its sends and receives (on a CPU the sender's communication thread waits
     for the core its compute holds; both ranks compute while messages move between balanced
-    stages). Re-predicting the stored GPipe runs at world 2 on 2 cores (25 runs, 20 models)
-    with the shortest slice's price for every message: the bubble formula's errors -44 .. +27 %
-    (median |error| 10 %), GPipe predicted faster than 1F1B where it was measured slower; this,
-    -32 .. +20 % (median 10 %), GPipe slower than 1F1B. Data and notice both at the shortest
-    slice over-predicted all but one GPipe run of a held-out set (+10 .. +38 %). A transformer of
-    balanced stages (`late.yaml`) was -24 % with every message at the shortest slice's price,
-    -16 % with a busy sender's at the step's."""
+    stages). The alternatives tried, and the stored runs that chose this one:
+    benchmarks/results/code-rules.md."""
     notice_s = fit["alpha_s"]
     data = message_bytes / alpha_beta.beta_at(fit, "send", message_bytes)
     latency_s = alpha_beta.step_alpha(fit, 0.0) + data

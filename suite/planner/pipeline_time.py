@@ -1,7 +1,7 @@
 """A pipeline's step on its path: the bubble its busiest stage idles, its compute where ranks share
 cores, and which of the first stage's calls (what the profile counts) the step waits for and how
 often; used by ``suite.planner.timing.predict_step_time``. The rules, and what each was measured
-on, are in each function and in docs/plan.md."""
+on, are in each function and in docs/time.md."""
 from __future__ import annotations
 
 
@@ -67,10 +67,8 @@ def path_calls_factor(key: str, stage_s: list[float] | None, stages: int) -> int
       parameters at its first chunk's forward, which waits for the stage before it, whose own
       first forward waited for its gather: every stage's gather lies on the step's path, one
       after another. Its reduce-scatter, after its last backward, overlaps the stages before it
-      still in backward, but for the first stage's, which ends the step: counted once.
-      Over 17 stored runs at 4 ranks on 2 cores (2 stages x dp 2, 12 models without batch
-      norm): with the first stage's gather alone, pipeline x dp was predicted -40 .. -7 %; with
-      each stage's, -30 .. +6 %.
+      still in backward, but for the first stage's, which ends the step: counted once
+      (benchmarks/results/code-rules.md).
     - anything else (a synced batch norm's calls, ``<kind>@data``): once."""
     if key in ("send", "recv"):
         return stage_messages_factor(stage_s, stages)
@@ -90,11 +88,7 @@ def neighbour_ratio(stage_s: list[float] | None, stages: int, busiest_share: flo
     messages between them (what the calibration's in-step send costs), up to its length. So, with
     a core or a device per rank, the busiest stage pays its sends' and receives' time less that
     idle time (``predict_step_time``: ``messages_ready_s``, the part absorbed); balanced stages
-    pay them in full. Measured with 2 ranks on 2 cores: GPipe on a CNN whose first stage holds 87 %
-    of the compute stepped in 5.7 ms, its compute alone predicted 5.3 ms and its 8 messages 4.0 ms
-    more; a transformer cut into 2 equal stages paid its messages in full; a bag-of-words model
-    whose light stage idles 1.2 ms a step, less than its messages' 2.4 ms, paid them nearly in full
-    (taking them in the ratio alone predicted it 36-51 % fast). With more ranks than cores a
+    pay them in full (benchmarks/results/code-rules.md). With more ranks than cores a
     neighbour's idle time goes to another rank's compute, and the rule is not applied."""
     if stages < 2:
         return 1.0

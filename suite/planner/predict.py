@@ -31,7 +31,6 @@ def prediction(recipe, calibration: dict | None = None) -> dict:
 
 
 def _prediction(recipe, calibration):
-    # start-up: loads pydantic, suite.common, suite.planner, suite.record only when this runs
     from suite.planner import analytic, calibration as stored, hardware, model_rate, timing
 
     # Not the fake run: see the module's docstring.

@@ -14,12 +14,12 @@ HELD = ("parameters", "gradients", "optimizer_state")
 def rank_memory_bytes(raw: dict) -> tuple[int, str]:
     """What one rank may use: its GPU's memory, or on CPU this machine's RAM shared by the
     recipe's ranks per node (launch.tasks_per_node)."""
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     device = (raw.get("launch") or {}).get("device", "auto")
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory, "GPU memory"
-    import psutil  # start-up: loads psutil only when this runs
+    import psutil
 
     per_node = max(int((raw.get("launch") or {}).get("tasks_per_node", 1)), 1)
     return psutil.virtual_memory().total // per_node, f"host RAM / {per_node} rank(s) per node"
@@ -97,10 +97,10 @@ def _markdown(points, table, raw, budget, what) -> str:
 
 
 def _plot(table, path: Path, budget: int) -> None:
-    import matplotlib  # start-up: loads matplotlib, numpy, PIL only when this runs
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # start-up: loads matplotlib, numpy, PIL only when this runs
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(r["strategy"] for r in table):

@@ -64,7 +64,6 @@ class Candidate:
 
 def strategy_sections(raw_strategy: dict, world: int) -> list[tuple[str, dict]]:
     """(label, section) of every strategy variant to try: the recipe's own first."""
-    # start-up: the strategy registry imports torch and every strategy
     from suite.strategies import STRATEGIES, costs
 
     out = [(_label(raw_strategy), dict(raw_strategy))] if raw_strategy.get("name") else []
@@ -105,7 +104,6 @@ def _text(value) -> str:
 
 
 def _validate(raw: dict, section: dict, launch: dict, training: dict):
-    # start-up: loads pydantic, torch, suite.recipe only when this runs
     from suite import recipe as recipes
 
     return recipes.validate({**raw, "strategy": section, "launch": {**(raw.get("launch") or {}), **launch},
@@ -161,7 +159,6 @@ def check_recipe(raw: dict) -> None:
     recipe's own keys and values (a bad ``key=value`` override), checked with the strategy and
     launch the search varies set to one process of ``single``, and the keys the search sets
     itself left out. Else each candidate would be refused for it in turn."""
-    # start-up: loads pydantic, torch, suite.recipe only when this runs
     from suite import recipe as recipes
 
     probe = {**raw, "strategy": {"name": "single"}}
@@ -176,7 +173,7 @@ def one_device(raw: dict, memory_bytes: int, device: str | None = None, fake: bo
     accumulating where it must, sized as every candidate is: the candidate where it fits, else
     None. Not tried where what a single rank holds (parameters, gradients, optimizer state)
     already exceeds the memory."""
-    from suite.planner.memory import predicted_held_bytes  # start-up: loads torch only when this runs
+    from suite.planner.memory import predicted_held_bytes
 
     launch = {**({"device": device} if device else {}), "executor": "local", "nodes": 1, "tasks_per_node": 1}
     c = _start(raw, "single", {"name": "single"}, launch, False, 1)
@@ -271,7 +268,6 @@ class Sizer:
             for c in candidates:
                 _size(c, self.steps)
         else:
-            # start-up: loads torch, suite.planner only when this runs
             from suite.planner import analytic, fake_run
 
             fake_run.warm()
@@ -287,7 +283,6 @@ def _left_out(section: dict) -> str:
     """Why the strategy's predicted step time does not compare with the others', or "": it is
     asynchronous (its ``no_parity``: it does not train what the others train), or it brings its
     own training loop (``owns_training``: TensorFlow's), whose step the time model cannot time."""
-    # start-up: the strategy registry imports torch and every strategy
     from suite.strategies import STRATEGIES
 
     options = STRATEGIES[section["name"]].Options
@@ -315,7 +310,6 @@ def _recipe_world(raw: dict) -> int:
 def _size(c: Candidate, steps: dict) -> None:
     """The analytic profile of ``c`` (``steps``: the bare model's step by batch, counted once);
     ``_time_all`` times it."""
-    # start-up: loads torch, suite.planner only when this runs
     from suite.planner import analytic
 
     recipe = c.recipe
@@ -330,7 +324,6 @@ def _time_all(candidates: list[Candidate], calibration: dict, progress) -> None:
     """Time the candidates that fit: their models' and strategies' one-rank steps first, all in
     as few fresh processes as they allow (``model_rate.time_all``), then each prediction; one
     its time model refuses is excluded with the reason."""
-    # start-up: loads torch, suite.planner only when this runs
     from suite.planner import model_rate
 
     jobs = [job for c in candidates for job in model_rate.rate_jobs(calibration, c.recipe, c.recipe.launch.tasks_per_node)]
@@ -346,7 +339,6 @@ def _time_all(candidates: list[Candidate], calibration: dict, progress) -> None:
 
 
 def _time(c: Candidate, calibration: dict) -> None:
-    # start-up: loads torch, suite.planner only when this runs
     from suite.planner import model_rate, timing
 
     options = timing.options_of(c.recipe)

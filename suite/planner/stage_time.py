@@ -6,22 +6,15 @@ and what the data-parallel wrapper on its stage (``strategy.stage_wrapper``: FSD
 A stage's step is not its share of the FLOPs of the whole model's step. Its optimizer updates its
 own weights only (ResNet-18's first stage holds 89 % of the FLOPs and few of the weights), and its
 schedule costs what the whole model's step does not: GPipe keeps every chunk's activations until
-its backward (the same first stage stepped alone in 70 ms through GPipe, 64 ms through 1F1B and
-63 ms as plain accumulation passes, on one CPU thread). Re-predicting pipeline runs measured
-before (2026-11-26; all but ResNet-18's and the transformer's not looked at while making this)
-with the busiest stage's own step in place of its FLOP share: GPipe and 1F1B at world 2 (14 runs)
-within 1-61 % (median 16 %) where they were 6-80 % (median 22 %); pipeline x dp at world 4 (12)
-median 28 % against 27 %; GPipe and 1F1B at world 4, where 4 ranks share 2 cores and the node's
-total work sets the pace, as before. Timed twice, a stage's step differs by a few per cent, as
-much as GPipe's cost over 1F1B on most models: their order is often still a toss-up.
+its backward. Timed twice, a stage's step differs by a few per cent, as much as GPipe's cost
+over 1F1B on most models: their order is often still a toss-up (figures:
+benchmarks/results/code-rules.md).
 
 The wrapper: a pipeline cannot run as one rank, so its ``overhead_s`` was 0 and a pipeline x
 data-parallel run was predicted as if its stages were plain modules. They are not: each stage's
 parameters are DTensors, its micro-batches pass the wrapper's hooks and its optimizer steps
-sharded tensors. Measured on a CPU thread, 4 micro-batches of 8 through a one-stage schedule: the
-MLP [512, 512]'s stages 2.0 and 1.8 ms plain, 3.4 and 3.4 ms under ``fully_shard``; the CNN's 4.1
-and 0.8 ms against 5.9 and 2.0 ms: a cost per stage of 1.2-1.8 ms that the stage's share of the
-FLOPs does not tell (the light stage pays as much as the heavy one).
+sharded tensors: a cost per stage that the stage's share of the FLOPs does not tell (the light
+stage pays as much as the heavy one; benchmarks/results/code-rules.md).
 
 Each stage is cut as the pipeline cuts it, fed the activations the stages before it produce, and
 stepped through a one-stage schedule of the run's own kind (``strategy.stage_schedule``: GPipe or
@@ -46,17 +39,16 @@ def stage_times(one, strategy, layout, device) -> dict:
     stage without a wrapper)}. ``one``: the recipe as one rank (``model_time.one_rank_recipe``:
     strategy single at the data-parallel rank's batch, its chunks as passes); ``strategy``,
     ``layout``: the pipeline's options and layout; the process group of one is initialised."""
-    import torch  # start-up: loads torch, numpy only when this runs
-    from torch.distributed.device_mesh import init_device_mesh  # start-up: loads torch only when this runs
-    from torch.distributed.pipelining import PipelineStage  # start-up: loads torch only when this runs
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage
 
-    # start-up: loads torch, suite.compat, suite.planner only when this runs
     from suite.planner.counting import fake_batch
-    from suite.strategies.pipeline import schedule_class  # start-up: loads torch, suite.strategies only when this runs
-    from suite.strategies import prepare  # start-up: loads torch, suite.strategies only when this runs
-    from suite.strategies.context import DistContext  # start-up: loads torch, suite.strategies only when this runs
-    from suite.strategies.splitting import cut, resolve_split  # start-up: loads torch only when this runs
-    from suite.train.rank import make_setup  # start-up: loads torch, pydantic, yaml, psutil, suite.train only when this runs
+    from suite.strategies.pipeline import schedule_class
+    from suite.strategies import prepare
+    from suite.strategies.context import DistContext
+    from suite.strategies.splitting import cut, resolve_split
+    from suite.train.rank import make_setup
 
     wrap = strategy.stage_wrapper(layout)
     schedule_cls = schedule_class(strategy.stage_schedule(layout))

@@ -31,7 +31,6 @@ class Point:
 def strategy_specs(text: str, recipe_strategy: dict) -> list[tuple[str, dict]]:
     """(label, strategy section) per strategy asked for; SuiteError where one is unknown or
     declares not all of its rules (``suite.strategies.costs``)."""
-    # start-up: the strategy registry imports torch; python -m suite.plan --help does not need it.
     from suite.strategies import STRATEGIES, costs
 
     if text == "all":
@@ -56,9 +55,8 @@ def strategy_specs(text: str, recipe_strategy: dict) -> list[tuple[str, dict]]:
 
 def _fill_data_degree(section: dict, world_size: int) -> dict:
     """A data-parallel degree the user left unset fills the world the other degrees leave."""
-    from pydantic import ValidationError  # start-up: loads pydantic only when this runs
+    from pydantic import ValidationError
 
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.record, suite.strategies only when this runs
     from suite.strategies import STRATEGIES
 
     try:
@@ -79,7 +77,6 @@ def _fill_data_degree(section: dict, world_size: int) -> dict:
 
 def recipe_at(raw: dict, section: dict, world_size: int):
     """The recipe with this strategy at this world size (SuiteError: refused, and why)."""
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
 
     point = {**raw, "strategy": _fill_data_degree(section, world_size)}
@@ -91,7 +88,7 @@ def plan(raw: dict, specs, worlds, jobs: int = 2, timeout_s: float = 300, try_fa
          progress=print, quiet: bool = False) -> list[Point]:
     """Every (strategy, world size): profiled in forked children, ``jobs`` at a time (``quiet``:
     what the children print is dropped; a failure is reported in one line either way)."""
-    from suite.planner import fake_run  # start-up: loads torch, numpy, suite.compat, suite.planner only when this runs
+    from suite.planner import fake_run
 
     fake_run.warm()
     points, todo = [], []

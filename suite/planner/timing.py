@@ -72,7 +72,6 @@ def strategy_options(options: dict):
     """The strategy's options object: ``options["strategy"]`` where given (``options_of`` puts
     the recipe's there), else built from ``options``' name and those of its keys that are the
     strategy's own (stage for zero)."""
-    # start-up: the strategy registry imports torch and every strategy; loaded when a step is timed.
     from suite.strategies import STRATEGIES
 
     if options.get("strategy") is not None:
@@ -89,7 +88,6 @@ def rule(options: dict) -> tuple[str, Overlap]:
     """The overlap rule of a strategy (``options``: name, and stage for zero, or the strategy's
     options as ``strategy``): what its options class declares (``overlap``); SuiteError where it
     declares none."""
-    # start-up: the strategy registry imports torch and every strategy; loaded when a step is timed.
     from suite.strategies import costs
 
     strategy = strategy_options(options)
@@ -166,9 +164,8 @@ def comm_time_s(profile: StepProfile, calibration: dict, options: dict | None = 
     pieces of compute) are timed over that group under the key ``<kind>@data``, which no
     overlap rule names: no rule hides them. (With more ranks than cores, the compute of another
     rank on the shared core still hides a share of them where it hides the rest of a strategy's
-    calls: ``predict_step_time``. Left so: without it (2026-11-29, ResNet-18 of width 0.375 at 4
-    ranks on 2 cores, two rounds) ZeRO-3 went -26 -> +3 % and -13 -> +13 %, ZeRO-2 -12 -> +10 % and
-    +1 -> +23 %, HSDP -14 -> +9 % and +3 -> +27 %, its order of strategies no nearer.)"""
+    calls: ``predict_step_time``; without it the errors moved but the order came no nearer:
+    benchmarks/results/code-rules.md.)"""
     options = options or {}
     out = {}
     total_calls = sum(c for c in profile.comm_calls.values() if c)
@@ -228,8 +225,7 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         # step, and its share of them all, rather than its share of the FLOPs of the whole
         # model's step, which gives a stage of many FLOPs and few weights the optimizer's time
         # of all of them, and knows nothing of what the schedule costs (GPipe keeps every chunk's
-        # activations until its backward: ResNet-18's first stage stepped in 70 ms through GPipe,
-        # 64 ms through 1F1B).
+        # activations until its backward; see stage_time).
         compute_s, stage_share = max(timed_stages) / share, max(timed_stages) / sum(timed_stages)
         rate_note = f"its {stages} stages timed one by one when predicted"
     if timed.get("strategy") == profile.strategy != "single":
@@ -265,21 +261,17 @@ def predict_step_time(profile: StepProfile, calibration: dict, options: dict | N
         # - reductions that run behind the rank's own backward (DDP's buckets, on gloo's thread):
         #   every core is computing, so its rule's overlap does not hold (as with one rank per
         #   core), and the rank is not waiting while they run, so no other rank's compute hides
-        #   them either. Measured at 4 ranks on 2 cores (mlp, cnn, seq2seq, autoencoder): with
-        #   half hidden, DDP was predicted 29-40 % fast; with none, 2-14 %;
+        #   them either;
         # - calls that follow the backward on every rank at once (``back_to_back``: the
         #   hand-written all-reduce, one call per tensor): while one rank waits in the burst the
         #   others are in it too. Its price per call was timed so, in a burst on every rank
-        #   (``alpha_beta.burst_alpha``). Measured at 4 ranks on 2 cores (16 runs, 8 models over
-        #   three sets): with another rank's compute hiding the calls, predicted 3-35 % fast,
-        #   every one; with nothing hidden, -23 .. +4 %.
+        #   (``alpha_beta.burst_alpha``). Figures for both: benchmarks/results/code-rules.md.
         hidden_s = 0.0
     elif share < 1 and not overlap.bubble and not overlap.inside_compute:
         # More ranks than cores: while one rank waits in a collective, another computes on its
         # core, whatever the strategy's own overlap. Not for calls inside the compute
         # (``Overlap.inside_compute``), whose price, timed between slices of compute with every
-        # rank stepping, holds that already: tensor parallelism at 4 ranks on 2 cores (6 runs:
-        # MLPs and transformers) was predicted 13-43 % fast with it, -8 .. +22 % without.
+        # rank stepping, holds that already (benchmarks/results/code-rules.md).
         hidden_s = max(hidden_s, min(sum(free.values()) * (1 - share), compute_s))
     bubble, compute_step_s, ready_s, simulated = 0.0, compute_s, 0.0, None
     if overlap.bubble:

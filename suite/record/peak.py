@@ -164,7 +164,7 @@ def _locked(path: Path):
 
 def _write_cache(path: Path, entries: dict) -> None:
     """Atomically, or not at all (a read-only home, a full disk: the next run measures again)."""
-    from suite.record.run_record import write_json_atomic  # start-up: loads pydantic, suite.record only when this runs
+    from suite.record.run_record import write_json_atomic
 
     with contextlib.suppress(OSError):
         write_json_atomic(path, entries)

@@ -88,7 +88,7 @@ def study_run(folder: Path, recipe: dict, tables: dict[str, list[dict]]) -> str 
     mode = resolve_mode((recipe.get("tracking") or {}).get("wandb", "offline"))
     if mode == "disabled" or not any(tables.values()):
         return None
-    import wandb  # start-up: loads wandb only when this runs
+    import wandb
 
     tracking = recipe.get("tracking") or {}
     try:
@@ -129,7 +129,7 @@ def finish(run, run_dir: Path, rows: wandb_rows.Rows) -> None:
 
 def start(run_dir: Path, recipe: dict, mode: str, world_size: int, stats_interval_s: float | None = None):
     """(W&B run, notice): the job's run, online if asked and possible, else offline with the reason."""
-    import wandb  # start-up: loads wandb, numpy, pydantic only when this runs
+    import wandb
 
     run_id = run_dir.name
     tracking = recipe.get("tracking") or {}

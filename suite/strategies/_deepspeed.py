@@ -209,7 +209,7 @@ def start(ctx, precision: str, strategy: str):
     ds_compat.skip_shm_op_build()  # compiled on first use (60-80 s on 2 cores); training never uses it
     ds_compat.announce_op_builds()  # expert config may need an op: say so, and where it is cached
     deepspeed.init_distributed(dist_backend=ctx.backend, auto_mpi_discovery=False)
-    from deepspeed import comm  # start-up: loads deepspeed, pydantic, psutil only when this runs
+    from deepspeed import comm
     assert comm.get_world_size() == dist.get_world_size(), "DeepSpeed did not join the suite's process group"
     return deepspeed
 

@@ -144,7 +144,6 @@ def start_tf(threads: int, cpu_devices: int = 1):
     A later run in the same warm process finds it started as it asks (the pool gives a run that
     asks otherwise a new process: ``process_state``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no C++ info lines in the run's log
-    # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
     import tensorflow as tf
     if _STARTED:
         if _STARTED[0] != (threads, cpu_devices):
@@ -210,7 +209,7 @@ def datasets(tf, recipe, train_set, val_set):
 def build_model(recipe):
     """The Keras twin of the suite's mlp: Flatten, then Dense(h, relu) [+ Dropout] per hidden
     width, then Dense(classes) giving logits (the loss applies the softmax, as in torch)."""
-    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
+    import keras
     spec, m = recipe.data.spec(), recipe.model
     layers = [keras.Input(spec.input_shape), keras.layers.Flatten()]
     for h in m.hidden:
@@ -227,7 +226,7 @@ def build_optimizer(recipe, clip: float | None = None):
     torch's clip_grad_norm_ does (without its 1e-6 in the denominator), before weight decay. It
     norms the gradients the optimizer is given: under a distribution strategy a replica's own,
     before the replicas' are summed, so only a run without one may pass it (``train_fit``)."""
-    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
+    import keras
     o = recipe.optimizer
     if o.name == "sgd":
         return keras.optimizers.SGD(o.lr, momentum=o.momentum, weight_decay=o.weight_decay or None,
@@ -256,7 +255,6 @@ class TFEngine(Engine):
     """What the summary asks of an engine: data shards, bytes held, the TF facts of this rank."""
 
     def __init__(self, ctx, strategy, model, optimizer, kind: str):
-        # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
         import tensorflow as tf
         self.dp_rank, self.dp_size = ctx.rank, ctx.world_size  # processes reading different shards
         self.replicas = strategy.num_replicas_in_sync if strategy else 1
@@ -277,7 +275,7 @@ class TFEngine(Engine):
 
 
 def _bytes(variables) -> int:
-    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
+    import keras
     return sum(math.prod(v.shape) * np.dtype(keras.backend.standardize_dtype(v.dtype)).itemsize for v in variables)
 
 

@@ -23,7 +23,7 @@ def _start(recipe, ctx, make_strategy, cpu_devices: int, clip: float | None = No
     then the seeds, then the model and optimizer (Keras clipping by ``clip``) inside the strategy's scope."""
     check_keys(recipe)  # as validation did: a recipe built without it still cannot run what Keras ignores
     tf = start_tf(torch.get_num_threads(), cpu_devices)
-    import keras  # start-up: loads tensorflow, keras, matplotlib, sklearn, numpy, PIL, psutil, scipy only when this runs
+    import keras
     strategy = make_strategy(tf)
     if clip is not None and strategy is not None:
         raise SuiteError(f"strategy.name={recipe.strategy.name}: Keras would clip each replica's gradients, "

@@ -52,10 +52,10 @@ class MpiAllReduceEngine(AllReduceEngine):
 
     def __init__(self, setup, module):
         super().__init__(setup, module)
-        from suite.common import mpi  # start-up: loads suite.common only when this runs
+        from suite.common import mpi
 
         self._comm = mpi.world("strategy.transport=mpi", setup.ctx.rank, setup.ctx.world_size)  # or why not
-        from mpi4py import MPI  # start-up: loads mpi4py only when this runs
+        from mpi4py import MPI
         self._in_place = MPI.IN_PLACE
         self._flat = None  # host buffer; sized at the first step (which gradients exist)
 

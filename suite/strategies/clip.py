@@ -29,7 +29,7 @@ import torch.distributed as dist
 def _by_kind(params) -> dict:
     """Parameters whose gradients are plain tensors under None, DTensors under their device
     mesh: kinds that torch's norm and its ``_foreach`` scaling cannot mix."""
-    from torch.distributed.tensor import DTensor  # start-up: loads torch only when this runs
+    from torch.distributed.tensor import DTensor
 
     kinds: dict = {}
     for p in params:

@@ -155,7 +155,7 @@ class DeepSpeedPipelineEngine(_deepspeed.DeepSpeedEngine):
 def build(opts: Options, setup) -> DeepSpeedPipelineEngine:
     ctx = setup.ctx
     deepspeed = _deepspeed.start(ctx, setup.precision, "ds_pipeline")
-    from deepspeed.pipe import PipelineModule  # start-up: loads deepspeed, pydantic, psutil only when this runs
+    from deepspeed.pipe import PipelineModule
 
     config = _config(opts, setup.layout, setup.grad_clip_norm)
     _deepspeed.record_config(setup, config)

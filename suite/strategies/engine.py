@@ -76,7 +76,6 @@ class Setup:
         if not (self.sync_batchnorm and self.layout.dp_size > 1):
             return None
         if not hasattr(self, "_batchnorm_group"):
-            # start-up: loads suite.strategies only when this runs
             from suite.strategies.batchnorm import data_parallel_group
             self._batchnorm_group = data_parallel_group(self.layout, self.ctx.rank)
         return self._batchnorm_group
@@ -123,7 +122,7 @@ def full_state(module: torch.nn.Module, keep: bool) -> dict:
     """``module``'s state dict whole and on CPU, with the names of the module DDP wraps (if it
     does): sharded tensors (DTensor: FSDP2, tensor parallel, replicate) are all-gathered one at a
     time, so every rank of their mesh must call this; kept only where ``keep``, else {}."""
-    from torch.distributed.tensor import DTensor  # start-up: torch.distributed.tensor, only where a model is exported
+    from torch.distributed.tensor import DTensor
 
     plain = module.module if isinstance(module, DistributedDataParallel) else module
     out = {}

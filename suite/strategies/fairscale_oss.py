@@ -84,7 +84,7 @@ class OSSEngine(ModuleEngine):
 def sharded_optimizer(setup, params):
     """fairscale OSS around the recipe's optimizer: OSS wants the class and its settings, so
     read them from the optimizer the recipe would build."""
-    from fairscale.optim import OSS  # start-up: loads torch, fairscale only when this runs
+    from fairscale.optim import OSS
 
     probe = setup.make_optimizer([torch.nn.Parameter(torch.zeros(1))])
     # Only the settings the class takes: torch's AdamW records ``decoupled_weight_decay`` in its
@@ -101,7 +101,6 @@ def build(opts: Options, setup) -> OSSEngine:
         module = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         optimizer = sharded_optimizer(setup, module.parameters())
     else:
-        # start-up: loads torch, fairscale only when this runs
         from fairscale.nn.data_parallel import ShardedDataParallel
         optimizer = sharded_optimizer(setup, model.parameters())
         module = ShardedDataParallel(model, optimizer)

@@ -45,7 +45,7 @@ class Options(StrategyOptions):
 
 
 def build(opts: Options, setup) -> SplitEngine:
-    from fairscale.nn import Pipe  # start-up: loads torch, fairscale only when this runs
+    from fairscale.nn import Pipe
 
     devices = list(setup.ctx.devices)
     model = setup.prepare(setup.build_model())

@@ -111,7 +111,7 @@ def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) 
     """Shard each block (``suite.models.units``), then the root (which takes whatever is left: also
     blocks that share a parameter with another, such as a tied embedding and head, which no unit may
     own alone)."""
-    from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
+    from torch.distributed.fsdp import fully_shard
 
     without_inplace(model)
     shared = {id(model.get_submodule(name)) for name in splitting.shared_blocks(model)}
@@ -127,7 +127,7 @@ def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool, mp_policy) 
 
 
 def mixed_precision_policy(name: str):
-    from torch.distributed.fsdp import MixedPrecisionPolicy  # start-up: loads torch only when this runs
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if name == "bf16":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

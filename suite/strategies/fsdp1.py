@@ -65,7 +65,6 @@ class FSDP1Engine(ModuleEngine):
 
 
 def build(opts: Options, setup) -> FSDP1Engine:
-    # start-up: loads torch only when this runs
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
 
     device = setup.ctx.device

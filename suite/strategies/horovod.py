@@ -1,15 +1,8 @@
 """Horovod: refused, with the reason and what to use instead.
 
-Horovod 0.28.1 (its latest release) does not build against this suite's torch 2.14.1
-(``HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 pip install horovod``):
-- torch 2.14.1 is a CUDA build (+cu130), so Horovod's torch extension insists on CUDA even for a
-  CPU-only build, and CMake stops: "Could NOT find CUDAToolkit (missing: CUDAToolkit_INCLUDE_DIR
-  CUDA_CUDART)"; pointed at the toolkit (HOROVOD_CUDA_HOME), it then lacks ``FOUND_LIB_cudart``;
-- given that too (CUDA_HOME, CMAKE_LIBRARY_PATH to the toolkit's lib), it configures and compiles
-  its torch extension with ``-std=c++14`` (``CMAKE_CXX_STANDARD 14`` in horovod/torch/CMakeLists.txt),
-  and torch 2.14's headers refuse anything below C++20: ``g++ -std=c++14`` on ``torch/extension.h``
-  stops with "#error C++20 or later compatible compiler is required to use PyTorch." (that build
-  was stopped after 25 min on 2 shared cores, before it reached the files that include torch).
+Horovod 0.28.1 (its latest release) does not build against this suite's torch 2.14.1: its torch
+extension needs the CUDA toolkit for a CUDA build of torch, and compiles as C++14 where torch's
+headers require C++20 (the build attempt: benchmarks/results/code-rules.md).
 What Horovod does here (one all-reduce of averaged gradients per step, ring over gloo) is what
 ``ddp`` (bucketed, overlapped with backward) and ``allreduce`` (one all-reduce per gradient) do.
 """

@@ -27,7 +27,7 @@ def module_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> d
     """The neutral state of a torch module and its optimizer (DDP, FSDP2 and DTensor unwrapped
     by DCP). A fresh optimizer gets its state made first (DCP steps it once with lr 0), so the
     result is also the template a checkpoint is read into."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict  # start-up: 0.75 s, paid where used
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model, optim = get_state_dict(module, optimizer)
     return {"model": model, "optimizer": optim["state"]}
@@ -36,7 +36,6 @@ def module_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> d
 def load_module_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Put ``state`` (the shape ``module_state`` gives) into the module and optimizer; the
     optimizer keeps its own param groups (the recipe's hyperparameters)."""
-    # start-up: 0.75 s, paid where used
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_state_dict
 
     groups = get_optimizer_state_dict(module, optimizer)["param_groups"]

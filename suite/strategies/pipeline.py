@@ -226,7 +226,6 @@ class PipelineStageEngine(ModuleEngine):
 def schedule_class(name: str):
     """torch's schedule class for a schedule's name ("gpipe" or "1f1b", ``Options.schedule`` and
     ``stage_schedule``): the one the ranks step through and the planner times a stage through."""
-    # start-up: loads torch, numpy only when this runs
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
     return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
@@ -253,9 +252,9 @@ def build(opts: Options, setup) -> PipelineStageEngine:
 
 def _data_parallel(module, dp_mesh, mode: str) -> None:
     if mode == "fully_shard":
-        from torch.distributed.fsdp import fully_shard  # start-up: loads torch only when this runs
+        from torch.distributed.fsdp import fully_shard
 
-        from suite.strategies.fsdp import without_inplace  # start-up: loads suite.strategies only when this runs
+        from suite.strategies.fsdp import without_inplace
 
         without_inplace(module)  # the stage's input comes through FSDP2's Function (fsdp.without_inplace)
         fully_shard(module, mesh=dp_mesh)

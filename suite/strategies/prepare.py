@@ -57,7 +57,7 @@ def prepare(model: nn.Module, *, activation_checkpointing: bool | str, compile: 
     with a ``batchnorm_group``, its batch-norm layers first compute their statistics over that
     group (``suite.strategies.batchnorm``), before checkpointing and compile wrap the blocks."""
     if batchnorm_group is not None:
-        from suite.strategies import batchnorm  # start-up: torch.distributed.nn, only where it is used
+        from suite.strategies import batchnorm
 
         model = batchnorm.sync(model, batchnorm_group, device)
     blocks = units(model)

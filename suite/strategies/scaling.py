@@ -31,7 +31,7 @@ def make_scaler(precision: str, device: torch.device, sharded: bool = False):
     """An enabled scaler under fp16, a disabled one otherwise; ``sharded``: FSDP1's."""
     enabled = precision == FP16_ONLY
     if sharded:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # start-up: FSDP1 only
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler(device=device.type, enabled=enabled)
     return torch.amp.GradScaler(device.type, enabled=enabled)

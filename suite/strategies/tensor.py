@@ -71,7 +71,6 @@ def _linears(model: torch.nn.Module) -> dict:
 def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
     """Linear layers in pairs: column-wise then row-wise (the ReLU between acts on slices).
     An unpaired last layer (the classifier) stays replicated."""
-    # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     linears = _linears(model)
@@ -86,7 +85,6 @@ def mlp_plan(model: torch.nn.Module, tp: int) -> dict:
 def transformer_plan(model: torch.nn.Module, tp: int) -> dict:
     """Per block: attention q/k/v column-wise (each rank computes heads/tp whole heads) and out
     row-wise; MLP up column-wise, down row-wise. Embedding and head stay replicated."""
-    # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     for block in model.children():
@@ -101,7 +99,6 @@ def llama_plan(model: torch.nn.Module, tp: int) -> dict:
     """torchtitan's layout without sequence parallelism: per block wq/wk/wv and w1/w3 column-wise
     (each rank computes heads/tp query heads and kv_heads/tp key/value heads, whole, and its
     slice of the SwiGLU width), wo and w2 row-wise. Embedding, norms and head stay replicated."""
-    # start-up: loads torch only when this runs
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     for block in model.children():
@@ -178,7 +175,6 @@ STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
 
 
 def _style(name: str):
-    # start-up: loads torch only when this runs
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -254,7 +250,7 @@ class Options(StrategyOptions):
 
 
 def build(opts: Options, setup) -> ModuleEngine:
-    from torch.distributed.tensor.parallel import parallelize_module  # start-up: loads torch only when this runs
+    from torch.distributed.tensor.parallel import parallelize_module
 
     ctx = setup.ctx
     mesh = setup.layout.device_mesh(ctx)

@@ -78,7 +78,6 @@ def _main(args) -> int:
     if code == 2 and not list(folder.glob("runs/*/summary.json")):
         shutil.rmtree(folder)  # refused before anything ran (e.g. data missing): the error line is all
         return code
-    # start-up: loads matplotlib, numpy, PIL, psutil, analysis, suite.common, suite.record only when this runs
     from analysis import report
 
     (folder / "runs").mkdir(exist_ok=True)
@@ -132,7 +131,7 @@ def _new_folder(out: Path, name: str) -> Path:
 def _submit_all(recipes: dict, folder: Path, extra: list[str]) -> int:
     """Each arm through ``python -m suite.submit``; bad input stops at once, a failed run does not
     stop the other arms. Returns the worst exit code."""
-    from suite.submit import cli  # start-up: loads suite.submit only when this runs
+    from suite.submit import cli
 
     (folder / "recipes").mkdir(parents=True, exist_ok=True)
     worst = 0

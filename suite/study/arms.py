@@ -45,8 +45,8 @@ def split(path) -> tuple[dict, dict]:
         study["prices"] = _price_table(study["prices"])
     if "reference" not in study:
         raise SuiteError(f"study {path}: reference is required (the published figures per arm)")
-    from analysis.study import baselines, check_reference  # start-up: loads analysis only when this runs
-    from analysis.study_tables import check_thresholds  # start-up: as analysis.study above
+    from analysis.study import baselines, check_reference
+    from analysis.study_tables import check_thresholds
 
     baselines(arms, study.get("baseline"))
     check_reference(study["reference"], arms)
@@ -65,7 +65,7 @@ def _apply(raw: dict, overrides: dict) -> None:
 def arm_recipes(raw: dict, study: dict, profile: str, repeats: int, overrides=()) -> dict[str, dict]:
     """arm -> its recipe: the study's recipe, then the profile, the arm with its own profile's overrides
     (those win), the command line; repeats as a seed sweep."""
-    from analysis.study import ARM_KEYS  # start-up: loads analysis only when this runs
+    from analysis.study import ARM_KEYS
 
     if profile not in study["profiles"]:
         known = ", ".join(study["profiles"]) or "none"
@@ -105,7 +105,7 @@ def check_arms(recipes: dict) -> None:
 
 def chosen(names: str, study: dict) -> list[str]:
     """``--arms a,b``: those arms and the baseline arms they divide by, in the study's order."""
-    from analysis.study import baselines  # start-up: loads analysis only when this runs
+    from analysis.study import baselines
 
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in study["arms"]]

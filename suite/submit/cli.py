@@ -62,7 +62,6 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    # start-up: loads torch, numpy, submitit, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.submit, suite.tasks only when this runs
     from suite.submit import pool as pools, preflight
 
     if args.resume:
@@ -72,7 +71,7 @@ def _main(args) -> int:
     # A local run's ranks start now and warm up (torch, ...) while the recipe is checked below.
     pool = None if args.dry_run or args.no_wait else pools.prestart(args.recipe, overrides, Path(args.out))
     try:
-        from suite import recipe as recipes  # start-up: after the warm pool started: its ranks warm up meanwhile
+        from suite import recipe as recipes  # after the warm pool started: its ranks warm up meanwhile
 
         points = recipes.load(args.recipe, overrides)
         estimates = preflight.check(points, Path(args.out), force=args.force, dry_run=args.dry_run)  # data, device, memory, Slurm
@@ -102,7 +101,7 @@ def _main(args) -> int:
 
 
 def _predicted_text(recipe) -> str:
-    from suite.planner.predict import prediction  # start-up: loads suite.planner only when this runs
+    from suite.planner.predict import prediction
 
     p = prediction(recipe)
     if "error" in p:
@@ -133,12 +132,11 @@ def _resume(args) -> int:
     status = run_record.summary_so_far(run_dir).get("status")
     if status == "completed":
         raise SuiteError(f"--resume {args.resume}: the run has completed; nothing to resume")
-    from suite.record.status import state  # start-up: loads psutil, suite.common, suite.record only when this runs
+    from suite.record.status import state
 
     if state(run_dir)["state"] == "running":
         raise SuiteError(f"--resume {args.resume}: the run is still running (see python -m suite.status {args.resume})")
     overrides = [f"launch.executor={args.executor}"] if args.executor else []
-    # start-up: loads torch, numpy, yaml, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
 
     (before,) = recipes.load(run_dir / "recipe.yaml")
@@ -157,7 +155,6 @@ def _resume(args) -> int:
 
 def _run_all(runs, out: Path, wait: bool, pool=None) -> int:
 
-    # start-up: loads torch, numpy, submitit, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.submit, suite.tasks only when this runs
     from suite.submit import follow, launch
 
     points = [r for r, _ in runs]
@@ -214,9 +211,7 @@ def _run_pooled(runs, pool, done) -> None:
     """Local runs, one after another (they would compete for the machine's cores), in warm ranks
     (``suite.submit.pool``): a pool serves points while it can, a new one takes over when not.
     A run restarted after a rank died (``launch.max_restarts``) gets a new pool, as ``--resume``."""
-    # start-up: loads submitit, psutil, suite.common, suite.compat, suite.record, suite.submit only when this runs
     from suite.submit import follow
-    # start-up: loads torch, numpy, submitit, yaml, psutil, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies, suite.submit, suite.tasks only when this runs
     from suite.submit.pool import Pool, target_modules
 
     held = [pool]  # the pool serving now

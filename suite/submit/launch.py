@@ -97,7 +97,7 @@ def _submit(recipes_and_dirs: list, folder: Path | None, watched: bool) -> list:
     jobs = []
     for recipe, run_dir in recipes_and_dirs:
         if recipe.launch.executor == "mpi":
-            from suite.submit import mpi  # start-up: loads suite.submit only when this runs
+            from suite.submit import mpi
 
             jobs.append(mpi.submit(recipe, run_dir, os.getpid() if watched else None, free_port()))
             continue

@@ -116,7 +116,7 @@ class MpiJob:
         return "RUNNING"
 
     def _signal_ranks(self, signum) -> None:
-        import psutil  # start-up: loads psutil only when this runs
+        import psutil
 
         try:
             ranks = psutil.Process(self.proc.pid).children(recursive=True)

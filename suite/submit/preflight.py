@@ -35,17 +35,17 @@ def check(points, out: Path, force: bool = False, dry_run: bool = False) -> list
         for launch in {r.launch.model_dump_json(): r.launch for r in points}.values():
             check_slurm(launch, node)
     if points[0].launch.executor == "mpi":
-        from suite.submit import mpi  # start-up: loads suite.compat, suite.submit only when this runs
+        from suite.submit import mpi
 
         mpi.mpirun_path()
     if slurm and points[0].launch.mpi:
-        from suite.submit import mpi  # start-up: loads suite.compat, suite.submit only when this runs
+        from suite.submit import mpi
 
         mpi.check_srun_pmix()
     estimates, warned = [], set()
     for r in points:
         if getattr(r.strategy, "transport", None) == "mpi":
-            from suite.submit import mpi  # start-up: loads suite.compat, suite.submit only when this runs
+            from suite.submit import mpi
 
             mpi.check_mpi4py("strategy.transport=mpi")
         r.data.check_available()
@@ -108,7 +108,7 @@ def rank_has_gpu(launch) -> bool:
     """Will a rank see a GPU? Local and debug ranks run here; a Slurm rank gets the GPUs it asks for."""
     if launch.executor == "slurm":
         return launch.gpus_per_node > 0
-    import torch  # start-up: loads torch, numpy only when this runs
+    import torch
 
     return torch.cuda.is_available()
 
@@ -154,7 +154,6 @@ def check_batch_fits_data(recipe) -> None:
 def check_targets(recipe) -> None:
     """A segmentation model trains against masks (a class id per pixel), every other model against
     one label per sample (an autoencoder against its input: any data)."""
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.data, suite.models only when this runs
     from suite.models import source
 
     task, targets = recipe.model.task, recipe.data.target_kind()
@@ -171,7 +170,7 @@ def check_step(recipe) -> None:
     trial``): a model whose output the task cannot score is refused here, not in every rank."""
     if recipe.strategy.owns_training:  # TensorFlow's strategies build their own Keras model
         return
-    from suite.models import trial  # start-up: loads suite.models only when this runs
+    from suite.models import trial
 
     trial.check_step(recipe.model, recipe.data.spec())
 
@@ -179,7 +178,7 @@ def check_step(recipe) -> None:
 def estimate(recipe) -> dict:
     """``suite.planner.memory.predicted_held_bytes`` (the model built on the meta device) plus the data's
     bytes; a model that cannot be built for this data is a SuiteError naming both."""
-    from suite.planner.memory import predicted_held_bytes  # start-up: loads suite.planner only when this runs
+    from suite.planner.memory import predicted_held_bytes
 
     try:
         est = predicted_held_bytes(recipe)
@@ -210,7 +209,7 @@ class _Node:
     @classmethod
     def of(cls, launch) -> "_Node":
         if launch.executor != "slurm":
-            import psutil  # start-up: loads psutil only when this runs
+            import psutil
 
             return cls(psutil.virtual_memory().total, len(os.sched_getaffinity(0)), "this machine")
         if not shutil.which("sinfo"):

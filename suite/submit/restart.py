@@ -205,7 +205,7 @@ def _failed_nodes(failure, job_id: str) -> list[str]:
 def _unusable_of(node_list: str) -> list[str]:
     """The nodes of a Slurm node list ("n[1-2]") that sinfo now reports unusable. One sinfo call
     for those nodes, asked again once after a second if it fails: right after a node is lost,
-    the controller may not answer (CI, 2026-11-26: the lost node went unseen, and the restart
+    the controller may not answer (without the second ask, a lost node went unseen and the restart
     blamed the live node of the rank it had been talking to)."""
     for attempt in range(2):
         states = _node_states(nodes=node_list)

@@ -22,7 +22,7 @@ from suite.tasks import train as train_task
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    from suite.train import dist  # start-up: loads suite.strategies, suite.train only when this runs
+    from suite.train import dist
 
     dist.adopt_mpi_environment()
     rank = int(os.environ["RANK"])

@@ -135,7 +135,7 @@ def _import_targets(modules) -> list[str]:
     """Import the recipe's target modules, each with its section's pythonpath on the import path
     as ``suite.common.factories.import_target`` puts it (the user's own code may fail or print:
     the point imports it again, through the checks that say what is wrong); those imported."""
-    from suite.common.factories import import_module  # start-up: loads suite.common only when this runs
+    from suite.common.factories import import_module
 
     done = []
     for module, pythonpath in modules:

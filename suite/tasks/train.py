@@ -68,7 +68,7 @@ def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) ->
     else:
         os.environ.pop("MASTER_PORT", None)
     if run_dir and not master_port and env.num_tasks > 1:
-        from suite.train import rendezvous  # start-up: see train() below
+        from suite.train import rendezvous
 
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", 0))  # a requeued job announces afresh
         os.environ["SCALESUITE_RENDEZVOUS"] = str(rendezvous.announcement(run_dir, env.job_id, attempt))
@@ -76,7 +76,7 @@ def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) ->
         # A group of one listens on its own node: a port free there and outside the ephemeral range.
         # submitit's own pick, seeded by the job id in 20000-60000, can be one an outgoing connection
         # holds (the local Slurm's job 179 drew 44591 and failed with EADDRINUSE).
-        from suite.common.ports import free_port  # start-up: loads suite.common only when this runs
+        from suite.common.ports import free_port
 
         os.environ["MASTER_PORT"] = str(free_port())
     if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
@@ -87,7 +87,7 @@ def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) ->
 def train_point(recipe_json: dict, run_dir: str, watcher_pid: int | None) -> str:
     """Train this rank of one run: "completed", "cancelled" or "preempted" (the rank submitit
     asked to exit for the requeue exits here)."""
-    from suite.train import stop  # start-up: the submitting side pickles this module's task, never runs it
+    from suite.train import stop
 
     recipe = recipes.Recipe.model_validate(recipe_json)
     try:
@@ -104,10 +104,7 @@ def train_point(recipe_json: dict, run_dir: str, watcher_pid: int | None) -> str
 def train(recipe, run_dir=None, out="runs", watcher_pid: int | None = None):
     """Train this rank of ``recipe`` as every rank task does (``suite.train.rank.run``), rank 0
     recording the planner's prediction for the run after training. Returns the run folder."""
-    # start-up: the submitting side imports this module for TrainTask; the rank's code (torch, the
-    # strategies) and the planner load only where a rank runs.
     from suite.planner.predict import prediction
-    # start-up: loads torch, psutil, suite.common, suite.compat, suite.models, suite.record, suite.strategies, suite.train only when this runs
     from suite.train import rank
 
     return rank.run(recipe, run_dir, out, watcher_pid=watcher_pid, predict=prediction)

@@ -111,7 +111,6 @@ def prepare(ctx, engine) -> None:
     step and measured as training time."""
     if engine.no_neutral_checkpoint:
         return
-    # start-up: 0.75 s, paid only by runs that save checkpoints (the neutral state's get_state_dict)
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     _background_group()
     _writer()
@@ -142,7 +141,7 @@ def _write_model(state: dict, where: Path, rank: int, group=None, run: str | Non
     if not use_files:
         # no warning to silence with a group given; without one, a single process is meant
         with _one_process_is_fine():
-            import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
+            import torch.distributed.checkpoint as dcp
             dcp.save(state, checkpoint_id=str(where), process_group=group)
         return
     rank_files.write(where, rank, mine)
@@ -166,7 +165,7 @@ _cuda_stager = None  # DCP's stager, one per process: its pinned buffers serve e
 def _stager():
     global _cuda_stager
     if _cuda_stager is None:
-        from torch.distributed.checkpoint import staging  # start-up: CUDA saves only
+        from torch.distributed.checkpoint import staging
 
         if hasattr(staging, "DefaultStager"):
             # synchronous: the copy must be whole before training changes the originals; no shared
@@ -330,7 +329,7 @@ def load(run_dir: Path, ctx, engine) -> dict | None:
             rank_files.fill(template, rank_files.read(where / MODEL))
         else:
             with _one_process_is_fine():  # filled from whatever shards were saved
-                import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
+                import torch.distributed.checkpoint as dcp
                 dcp.load(template, checkpoint_id=str(where / MODEL))
         engine.load_neutral_state(template)
     _set_rng_state(state["rng"])
@@ -351,7 +350,7 @@ def saved_model(run_dir: Path) -> dict:
     if rank_files.present(where / MODEL):
         return {key.removeprefix("model."): value.clone() for key, value in rank_files.read(where / MODEL).items()
                 if key.startswith("model.")}
-    import torch.distributed.checkpoint as dcp  # start-up: 0.75 s, paid only where a checkpoint is saved or loaded
+    import torch.distributed.checkpoint as dcp
     saved = dcp.FileSystemReader(str(where / MODEL)).read_metadata().state_dict_metadata
     model = {key.removeprefix("model."): torch.empty(tuple(m.size), dtype=m.properties.dtype)
              for key, m in saved.items() if key.startswith("model.")}

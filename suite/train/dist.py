@@ -52,7 +52,7 @@ def adopt_mpi_environment() -> bool:
 def _agree_rendezvous_through_mpi() -> None:
     """A bare ``mpirun python -m suite.train``: rank 0's host and a free port of it, told to
     every rank by MPI (suite.submit's mpi executor gives MASTER_ADDR/PORT itself)."""
-    from suite.common import mpi  # start-up: loads suite.common only when this runs
+    from suite.common import mpi
 
     here = (socket.gethostname(), free_port()) if os.environ["RANK"] == "0" else None
     host, port = mpi.comm().bcast(here, root=0)
@@ -92,7 +92,7 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
     interface (``choose_network``; launch.interface when given)."""
     adopt_mpi_environment()
     if not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ) and "WORLD_SIZE" in os.environ:
-        from suite.common import mpi  # start-up: loads suite.common only when this runs
+        from suite.common import mpi
 
         if mpi.started_by_mpi():
             _agree_rendezvous_through_mpi()
@@ -139,7 +139,7 @@ def init(device: str = "auto", devices_per_task: int = 1, cpus_per_task=None,
 
 def _rendezvous(announce: Path, rank: int, world: int, collective_timeout_s: int):
     """Rank 0 listens on a candidate port and announces it; the others connect to that one."""
-    from suite.train import rendezvous  # start-up: loads suite.train only when this runs
+    from suite.train import rendezvous
 
     host, wait_s = os.environ["MASTER_ADDR"], min(rendezvous.TIMEOUT_S, collective_timeout_s)
     if rank == 0:

@@ -36,7 +36,7 @@ def announcement(run_dir: str | Path, job_id: str, attempt: int) -> Path:
 
 def serve(path: Path, host: str, world: int, timeout_s: float, ephemeral=None):
     """Rank 0: listen on the first free candidate port, announce it; (store, port)."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
     choices, taken = ports.candidate_ports(path.stem.rsplit(".", 1)[0], ephemeral), []
     for port in choices:
@@ -61,7 +61,7 @@ def serve(path: Path, host: str, world: int, timeout_s: float, ephemeral=None):
 
 def join(path: Path, rank: int, host: str, world: int, timeout_s: float):
     """Any other rank: wait for rank 0's announcement, connect to that port; (store, port)."""
-    import torch.distributed as dist  # start-up: loads torch, numpy only when this runs
+    import torch.distributed as dist
 
     deadline = time.monotonic() + timeout_s
     while not path.exists():

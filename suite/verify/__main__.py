@@ -55,14 +55,12 @@ def _main(args) -> int:
 def _recipes(args) -> list:
     """The recipes to certify: the recipe's points, or the recipe once per ``--strategies`` entry;
     with ``all``, a strategy that cannot run this recipe (or claims no parity) is named and skipped."""
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite.recipe.text import raw_points
 
     if not args.strategies:
         return recipes.load(args.recipe, args.overrides)
-    from suite.planner.table import strategy_specs  # start-up: loads suite.planner only when this runs
+    from suite.planner.table import strategy_specs
 
     points = raw_points(args.recipe, args.overrides)
     if len(points) != 1:

@@ -111,7 +111,7 @@ def dropout_of(recipe) -> str:
     """The model's dropout with a non-zero rate, in words ("2 dropout modules"), or "" (none, or
     a model that cannot be built here). Each rank draws its own masks, so its samples are dropped
     otherwise than in one process: the losses part from the first step, as a bug's would."""
-    from torch import nn  # start-up: loads torch only when this runs
+    from torch import nn
 
     try:
         model = recipe.model_info().build_meta()
@@ -141,7 +141,6 @@ def _precision(recipe) -> tuple[str, str]:
 
 def _short(recipe, steps: int, precision: str) -> dict:
     """The recipe as a plain dict, cut to ``steps`` steps without evaluation or periodic checkpoints."""
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite import recipe as recipes
 
     raw = yaml.safe_load(recipes.dump(recipe))
@@ -166,7 +165,6 @@ def run_grouped(labels: list[str], raws: list[dict], key: str, out: Path, progre
     error (a ``SuiteError``). Recipes equal but for ``key`` (a key path) and their names run as
     one sweep over ``key``: one ``suite.submit``, whose points share warm ranks where their
     launch allows, named after the members' common name."""
-    # start-up: loads torch, numpy, pydantic, suite.common, suite.compat, suite.data, suite.models, suite.recipe, suite.record, suite.strategies only when this runs
     from suite.recipe.text import get_path, set_path
 
     groups: dict[str, list[int]] = {}
@@ -233,14 +231,12 @@ def _point_failed(label: str, folder: str, output: str) -> RunFailed:
 
 
 def _status(run_dir: Path) -> str | None:
-    # start-up: loads pydantic, suite.record only when this runs
     from suite.record import run_record
 
     return run_record.summary_so_far(run_dir).get("status")
 
 
 def _losses(run_dir: Path) -> list[float]:
-    # start-up: loads pydantic, suite.record only when this runs
     from suite.record.run_record import latest_per_key, read_metrics
 
     steps = latest_per_key(read_metrics(run_dir, kind="step", rank=0), "step")

@@ -69,6 +69,7 @@ def _csv(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_report_writes_html_with_plots_and_tables(report):
     out, _ = report
     page = (out / "report.html").read_text()
@@ -81,6 +82,7 @@ def test_report_writes_html_with_plots_and_tables(report):
     assert "Throughput and memory: mlp" in (out / "tables.md").read_text()
 
 
+@pytest.mark.slow
 def test_report_renders_in_a_browser_every_image_loaded_every_table_with_rows(report):
     out, _ = report
     seen = browser.assert_renders(out / "report.html")
@@ -88,6 +90,7 @@ def test_report_renders_in_a_browser_every_image_loaded_every_table_with_rows(re
     assert len(seen["tables"]) >= 4
 
 
+@pytest.mark.slow
 def test_the_browser_check_sees_a_broken_image_and_an_empty_table(tmp_path):
     page = tmp_path / "page.html"
     page.write_text("<html><body><h2>t</h2><img src='plots/missing.png'><table><thead><tr><th>a</th></tr></thead>"
@@ -99,6 +102,7 @@ def test_the_browser_check_sees_a_broken_image_and_an_empty_table(tmp_path):
         browser.assert_renders(page)
 
 
+@pytest.mark.slow
 def test_throughput_table_numbers_are_the_run_records(runs, report):
     _, single, ddp = runs
     out, _ = report
@@ -120,6 +124,7 @@ def test_throughput_table_numbers_are_the_run_records(runs, report):
     assert float(rows["ddp"]["utilisation_percent"]) == pytest.approx(util, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_time_to_target_and_verdicts_follow_the_records(runs, report):
     _, single, ddp = runs
     out, _ = report
@@ -136,6 +141,7 @@ def test_time_to_target_and_verdicts_follow_the_records(runs, report):
     assert verdicts["ddp"]["time"] in ("better", "unchanged", "worse")
 
 
+@pytest.mark.slow
 def test_broken_runs_are_skipped_with_their_reason_not_a_crash(report):
     out, proc = report
     reasons = {r["path"].rsplit("/", 1)[1]: r["reason"] for r in _csv(out / "skipped.csv")}
@@ -149,6 +155,7 @@ def test_broken_runs_are_skipped_with_their_reason_not_a_crash(report):
     assert "Skipped runs" in (out / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_mfu_is_labelled_with_where_its_peak_came_from(runs, report):
     _, _, ddp = runs
     out, _ = report
@@ -160,6 +167,7 @@ def test_mfu_is_labelled_with_where_its_peak_came_from(runs, report):
     assert "<th>MFU (measured peak)</th>" in (out / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_mfu_cells_say_their_peak_when_a_table_mixes_sources():
     from analysis import report
 
@@ -171,6 +179,7 @@ def test_mfu_cells_say_their_peak_when_a_table_mixes_sources():
     assert report.mfu_column(alike) == "MFU (vendor peak)" and alike[0]["mfu_shown"] == 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["empty", "missing"])
 def test_a_folder_without_runs_is_one_line_and_exit_code_2(folder, tmp_path, capsys):
     """Not an empty report that looks like a comparison of nothing: the folder given is wrong."""
@@ -195,6 +204,7 @@ def test_verdict_rule():
     assert tables.verdict("time", [1.0, 1.4], [1.0, 1.0])[0] == "unchanged"
 
 
+@pytest.mark.slow
 def test_a_resumed_run_counts_each_step_once_the_later_attempt_winning(runs, tmp_path):
     from analysis.runs import Run, load
 
@@ -211,6 +221,7 @@ def test_a_resumed_run_counts_each_step_once_the_later_attempt_winning(runs, tmp
     assert all(s["global_loss"] != 99.0 for s in run.steps[0])
 
 
+@pytest.mark.slow
 def test_other_seeds_are_repeats_of_one_experiment_other_strategy_options_are_not(runs, tmp_path):
     import yaml
 
@@ -230,6 +241,7 @@ def test_other_seeds_are_repeats_of_one_experiment_other_strategy_options_are_no
     assert [s.path.name for s in skipped] == ["buckets"] and "strategy options" in skipped[0].reason
 
 
+@pytest.mark.slow
 def test_the_parity_table_names_a_models_dropout_from_its_certificate(tmp_path):
     """suite.verify keeps the model's dropout in verify.json (a reason the verdict differs that
     is no bug); the report's parity row shows it, and nothing where the model has none."""

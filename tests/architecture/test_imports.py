@@ -1,12 +1,13 @@
 """The layers of docs/architecture.md, held: import-linter's contracts (pyproject.toml) pass, no
-module of suite/ is on an import circle, suite/ has no loose modules, every command is a package
-with a ``__main__``, and every import inside a function says why it is there."""
-import ast
+module of suite/ is on an import circle, suite/ has no loose modules, and every command is a package
+with a ``__main__``. What an import inside a function buys (a command that answers fast, a
+submitting side that loads nothing of a rank's) is held by test_import_cost.py, not by comments."""
 import subprocess
 import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "suite"
@@ -16,6 +17,7 @@ COMMANDS = ["submit", "status", "export", "study", "plan", "calibrate", "verify"
 ALLOWED_UP = {("suite.train.__main__", "suite.tasks.torchrun")}
 
 
+@pytest.mark.slow
 def test_the_import_contracts_hold():
     lint = Path(sys.executable).parent / "lint-imports"  # import-linter's command, installed with the test extras
     proc = subprocess.run([str(lint) if lint.exists() else "lint-imports", "--config", str(REPO / "pyproject.toml")],
@@ -81,38 +83,7 @@ def test_suite_has_no_loose_modules_and_every_command_is_a_package():
         assert (SUITE / command / "__main__.py").is_file(), f"python -m suite.{command} has no suite/{command}/__main__.py"
 
 
-# start-up: the import buys start-up time; optional: a library only some users have; late: the name
-# must be looked up when called (something replaces it, e.g. the planner's fake run).
-REASONS = ("start-up", "optional", "late")
-
-
-def function_level_imports_without_a_reason(source: str) -> list[int]:
-    """Lines of imports inside functions with no comment naming why (on the line or just above)."""
-    lines, bad = source.split("\n"), []
-    for fn in ast.walk(ast.parse(source)):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for node in ast.walk(fn):
-                if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    said = lines[node.lineno - 1] + "\n" + "\n".join(
-                        line for line in lines[max(0, node.lineno - 4):node.lineno - 1] if line.strip().startswith("#"))
-                    if not any(r in said for r in REASONS):
-                        bad.append(node.lineno)
-    return sorted(set(bad))
-
-
-def test_every_function_level_import_says_why():
-    bad = [f"{p.relative_to(REPO)}:{n}" for p in sorted(SUITE.rglob("*.py"))
-           for n in function_level_imports_without_a_reason(p.read_text())]
-    assert not bad, ("imports inside functions must buy start-up time (or be an optional library) and say so "
-                     f"in a comment ('# start-up: ...' / '# optional: ...' / '# late: ...'), else move to the top: {bad}")
-
-
-def test_the_reason_check_catches_a_silent_import():
-    assert function_level_imports_without_a_reason("def f():\n    import json\n") == [2]
-    assert function_level_imports_without_a_reason("def f():\n    import torch  # start-up: torch\n") == []
-    assert function_level_imports_without_a_reason("def f():\n    # optional: mpi4py\n    import mpi4py\n") == []
-
-
+@pytest.mark.slow
 def test_every_command_answers_help_from_its_package():
     """``python -m suite.X --help`` prints the command's usage: the package's ``__main__`` runs
     its command line (a module that only defines ``main`` would exit 0 and print nothing)."""

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _modules_after_import(*names) -> set[str]:
     code = ("import sys\n" + "".join(f"import {n}\n" for n in names)
@@ -13,23 +15,25 @@ def _modules_after_import(*names) -> set[str]:
     return set(proc.stdout.split())
 
 
+@pytest.mark.slow
 def test_the_submitting_side_never_imports_the_per_rank_code():
     loaded = _modules_after_import("suite.submit.cli", "suite.submit.launch", "suite.submit.follow")
     per_rank = sorted(m for m in loaded if m == "suite.train" or m.startswith("suite.train."))
     assert not per_rank, f"the submitting side imported {per_rank}"
 
 
+@pytest.mark.slow
 def test_the_run_record_and_analysis_import_no_torch():
     loaded = _modules_after_import("suite.record.run_record", "analysis.report")
     assert "torch" not in loaded
     assert not [m for m in loaded if m.startswith("suite.train")]
 
 
-def test_the_readmes_layout_names_every_module_outside_the_registries():
-    """README's Layout section names every top-level module and folder of suite/, and every file of
-    the packages that are not one-file-per-entry registries (strategies, models, data)."""
+def test_the_architecture_layout_names_every_module_outside_the_registries():
+    """docs/architecture.md's Layout section names every top-level module and folder of suite/, and
+    every file of the packages that are not one-file-per-entry registries (strategies, models, data)."""
     root = Path(__file__).resolve().parents[2]
-    layout = (root / "README.md").read_text().split("## Layout", 1)[1]
+    layout = (root / "docs" / "architecture.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     suite = root / "suite"
     wanted = [p for p in suite.iterdir() if p.suffix == ".py" and p.name != "__init__.py"]
     wanted += [p for p in suite.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
@@ -37,7 +41,7 @@ def test_the_readmes_layout_names_every_module_outside_the_registries():
         wanted += [p for p in (suite / package).glob("*.py") if p.name != "__init__.py"]
     missing = sorted(str(p.relative_to(root)) for p in wanted
                      if f"`{p.name}" not in layout and f"{p.relative_to(root)}" not in layout)
-    assert not missing, f"README's Layout section does not name: {missing}"
+    assert not missing, f"docs/architecture.md's Layout section does not name: {missing}"
 
 
 def test_ci_runs_exactly_the_readmes_test_command():

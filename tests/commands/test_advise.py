@@ -12,6 +12,8 @@ import pytest
 
 from suite.advise.trust import DEFAULT_BAND
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 
 def _env(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # W&B as the recipe says (offline)

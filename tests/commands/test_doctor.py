@@ -15,6 +15,7 @@ from suite.doctor import collectives, network, parity, versions
 from suite.doctor.report import Check, check_lines, exit_code
 
 
+@pytest.mark.slow
 def test_quick_doctor_passes_on_this_machine(tmp_path):
     out = tmp_path / "doctor.json"
     t0 = time.monotonic()
@@ -154,6 +155,7 @@ def test_the_interface_gloo_would_use():
     assert network.nccl_choice({}, {"lo": ["127.0.0.1"], "docker0": ["172.17.0.1"], "eth0": ["10.1.2.3"]})["interfaces"] == ["eth0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [(["--ranks", "1"], "--ranks 1: collectives need at least 2 ranks"),
                                         (["--timeout", "0"], "--timeout 0: give a positive number")])
 def test_bad_usage_is_one_line_and_exit_2(args, says):

@@ -79,6 +79,7 @@ def train_and_export(tmp_path: Path, strategy: dict, world_size: int, **sections
     return config, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, world_size", [
     ({"name": "single"}, 1),
     ({"name": "ddp"}, 2),
@@ -94,6 +95,7 @@ def test_exported_model_loads_into_the_plain_model(strategy, world_size, tmp_pat
     assert config["build"] == {"name": "mlp", "options": {k: v for k, v in config["model"].items() if k != "name"}}
 
 
+@pytest.mark.slow
 def test_a_target_model_loads_into_the_users_class(tmp_path):
     model = {"name": "custom", "target": "torchvision.models:resnet18", "kwargs": {"num_classes": 10}}
     data = {**BASE["data"], "shape": [3, 16, 16], "n_train": 256}
@@ -102,6 +104,7 @@ def test_a_target_model_loads_into_the_users_class(tmp_path):
     assert config["build"]["kwargs"] == {"num_classes": 10}
 
 
+@pytest.mark.slow
 def test_a_run_without_a_checkpoint_is_refused_in_one_line(tmp_path):
     (tmp_path / "recipe.yaml").write_text("name: x\n")
     done = subprocess.run([sys.executable, "-m", "suite.export", str(tmp_path), "--model", str(tmp_path / "m.safetensors")],
@@ -111,6 +114,7 @@ def test_a_run_without_a_checkpoint_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "m.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_a_strategy_that_cannot_gather_its_model_is_refused_naming_itself(tmp_path, monkeypatch, capsys):
     from suite.strategies import base, engine
 

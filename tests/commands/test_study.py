@@ -36,6 +36,7 @@ def _csv(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
 def test_cpu_profile_runs_every_arm_and_repeat_through_submit(finished):
     folder, report, _ = finished
@@ -60,6 +61,7 @@ def test_cpu_profile_runs_every_arm_and_repeat_through_submit(finished):
         f"{arm}.yaml" for arm in [*ARMS, "large-ddp", "large-single"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
 def test_report_lists_every_run_with_the_published_figures_beside_ours(finished):
     folder, report, _ = finished
@@ -96,6 +98,7 @@ def test_report_lists_every_run_with_the_published_figures_beside_ours(finished)
     assert by_arm[("S1 without MPI", "0.3565 nats")]["source"] == "FM-S1-test-loss"  # the published test loss
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
 def test_tables_and_plots_name_the_arm(finished):
     folder, _, _ = finished
@@ -113,6 +116,7 @@ def test_tables_and_plots_name_the_arm(finished):
         "steps-large-single.png", "steps-single.png", "steps-tf_single.png"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1000)  # the first to run runs the study (module fixture)
 def test_the_study_report_renders_in_a_browser(finished):
     _, report, _ = finished

@@ -108,6 +108,7 @@ def test_a_model_with_dropout_is_named_as_the_reason_it_differs():
     assert "dropout" not in Certificate("ddp", 2, "fp64", "", differs).verdict_line()
 
 
+@pytest.mark.slow
 def test_ddp_with_synced_batch_norm_is_equivalent_and_per_rank_batch_norm_differs(tmp_path):
     proc = _verify(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -131,6 +132,7 @@ def test_ddp_with_synced_batch_norm_is_equivalent_and_per_rank_batch_norm_differ
     assert "differs from step 1" in proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_strategy_broken_on_purpose_differs_and_one_that_fails_is_named_beside_it(tmp_path):
     """allreduce summing the ranks' gradients instead of averaging them, and fsdp raising in its
     third step, patched into every process of the run (sitecustomize runs at each interpreter's
@@ -169,6 +171,7 @@ def test_a_strategy_broken_on_purpose_differs_and_one_that_fails_is_named_beside
     assert cert["strategy"] == "allreduce" and cert["first_bad_step"] == 2 and cert["steps"][1]["difference"] > 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, message", [
     ("hogwild", "makes no parity claim"),
     ("single", "the baseline itself"),
@@ -183,6 +186,7 @@ def test_a_strategy_with_nothing_to_certify_is_one_line_and_exit_2(tmp_path, str
 
 # ---- a model the suite never saw ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_every_strategy_that_can_run_a_torchvision_model_named_by_target_is_equivalent(tmp_path):
     """torchvision's ShuffleNetV2 named directly by target: (Hydra's convention), no wrapper. In
     float32 its losses part from single's by 2e-2 within 30 steps under any strategy, and single

@@ -222,6 +222,7 @@ def test_the_cifar_override_needs_torchvisions_hooks(monkeypatch):
 
 # ---- bytes held where a getattr default used to hide them -------------------------------------
 
+@pytest.mark.slow
 def test_offloaded_zero2_gradients_are_counted(tmp_path):
     """Under optimizer offload ZeRO-2 keeps the gradient partition on the fp32 master copy's .grad
     (not in averaged_gradients): half the gradients per rank, not 0."""
@@ -233,6 +234,7 @@ def test_offloaded_zero2_gradients_are_counted(tmp_path):
         assert near(rank["optimizer_state"], (2 * p + p) / WORLD), rank  # Adam + fp32 master partition
 
 
+@pytest.mark.slow
 def test_bf16_without_zero_counts_its_fp32_master_copy(tmp_path):
     """bf16 at stage 0: the module is bf16 and DeepSpeed keeps a full fp32 master copy
     (FP16_UnfusedOptimizer.fp32_groups), counted as optimizer state."""
@@ -247,6 +249,7 @@ def test_bf16_without_zero_counts_its_fp32_master_copy(tmp_path):
 
 # ---- submitit ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_submitit_accessors_work_on_a_real_local_job(tmp_path):
     import submitit
 
@@ -288,6 +291,7 @@ def test_only_submitits_own_requeue_handler_is_kept(monkeypatch):
         signal.signal(signal.SIGUSR2, previous)
 
 
+@pytest.mark.slow
 def test_a_failed_tasks_error_is_read_at_once_while_its_peers_still_run(tmp_path):
     """A warm pool's rank 0 goes on serving after another task failed: the follower must read the
     failed task's error without waiting for the job (submitit's exception() would wait)."""

@@ -72,11 +72,13 @@ def augmented_single(baseline_of):
     return baseline_of(make_recipe({"name": "single"}, data=AUGMENTED, training=TWO_EPOCHS)).losses
 
 
+@pytest.mark.slow
 def test_augmentation_changes_what_single_trains_on(augmented_single, tmp_path):
     plain = step_losses(make_recipe({"name": "single"}, data={**AUGMENTED, "augment": {}}, training=TWO_EPOCHS), tmp_path)
     assert max(abs(a - b) for a, b in zip(augmented_single, plain)) > 100 * FP32_TOLERANCE
 
 
+@pytest.mark.slow
 def test_ddp_with_augmentation_matches_single_process(augmented_single, tmp_path):
     recipe = make_recipe({"name": "ddp"}, world_size=2, data=AUGMENTED, training=TWO_EPOCHS)
     assert_matches(step_losses(recipe, tmp_path), augmented_single)

@@ -53,6 +53,7 @@ def example() -> dict:
     return yaml.safe_load(open(EXAMPLE))
 
 
+@pytest.mark.slow
 def test_the_example_recipe_runs_end_to_end_through_submit(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     proc = subprocess.run([sys.executable, "-m", "suite.submit", EXAMPLE, "--out", str(tmp_path),
@@ -68,6 +69,7 @@ def test_the_example_recipe_runs_end_to_end_through_submit(tmp_path):
     assert "my_models.data, my_models.nets)" in log.read_text(), log.read_text()
 
 
+@pytest.mark.slow
 def test_a_custom_model_under_ddp_matches_the_single_process_baseline(baseline_of, tmp_path):
     sections = {"model": MODEL, "data": DATA}
     baseline = baseline_of(make_recipe({"name": "single"}, 1, **sections)).losses
@@ -99,6 +101,7 @@ def broken_package(tmp_path):
     return str(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section, change, expected", [
     ("model", {"target": "no_such_pkg.nets:build"},
      "model.target='no_such_pkg.nets:build': cannot import module no_such_pkg.nets (ModuleNotFoundError: "
@@ -137,6 +140,7 @@ def test_a_bad_target_is_one_line_naming_the_key(capsys, tmp_path, section, chan
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_a_missing_target_is_named(capsys, tmp_path):
     recipe = example()
     del recipe["model"]["target"]
@@ -144,6 +148,7 @@ def test_a_missing_target_is_named(capsys, tmp_path):
     assert code == 2 and "recipe key model.target is required" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [
     ["strategy.name=pipeline", "strategy.stages=2"],
     ["strategy.name=ds_pipeline", "strategy.stages=2"],
@@ -160,6 +165,7 @@ def test_a_model_that_is_no_sequential_is_refused_by_splitting_strategies(capsys
             f"or use ddp/fsdp/zero") == err
 
 
+@pytest.mark.slow
 def test_the_same_model_is_fine_where_nothing_splits_it(capsys, tmp_path):
     recipe = example()
     recipe["model"]["target"] = "my_models.nets:build_unsplittable"
@@ -183,6 +189,7 @@ SHUFFLENET = {"target": "torchvision.models:shufflenet_v2_x0_5", "num_classes": 
 TWO_STEPS = {"epochs": 1, "max_steps": 2, "batch_size": 8, "seed": 0, "log_every_steps": 1}
 
 
+@pytest.mark.slow
 def test_a_library_constructor_trains_under_single_with_the_recipes_arguments(tmp_path):
     recipe = make_recipe({"name": "single"}, 1, model=SHUFFLENET, data=TINY_IMAGES, training=TWO_STEPS)
     assert recipe.model.name == "custom" and not recipe.model.calls_with_spec()  # no name needed, no spec passed
@@ -218,6 +225,7 @@ def test_a_suite_factory_takes_its_keyword_arguments_beside_target_too():
     assert parameters({**beside, "width": 8}) != parameters(MODEL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, key", [
     ({**SHUFFLENET, "num_clases": 10}, "model.num_clases"),
     ({"target": SHUFFLENET["target"], "kwargs": {"num_clases": 10}}, "model.kwargs.num_clases"),
@@ -276,6 +284,7 @@ def sized_by_tensors(spec, width: int = 8):
     return model
 
 
+@pytest.mark.slow
 def test_a_model_whose_constructor_computes_with_tensors_is_checked_planned_and_profiled(capsys, tmp_path):
     """Built on the meta device for the checks and the plan, and on fake tensors in the fake run,
     such a constructor failed ("Cannot copy out of meta tensor") and the recipe was refused. Now
@@ -306,6 +315,7 @@ def test_a_model_whose_constructor_computes_with_tensors_is_checked_planned_and_
     assert profile.comm_calls["all_reduce"] == 1  # (and DDP broadcasts the buffer)
 
 
+@pytest.mark.slow
 def test_torchvisions_regnet_named_by_target_passes_the_dry_run(capsys, tmp_path):
     raw = {"name": "regnet", "model": {"target": "torchvision.models:regnet_x_400mf", "num_classes": 10},
            "data": TINY_IMAGES, "strategy": {"name": "single"}, "training": TWO_STEPS, "tracking": {"wandb": "disabled"}}

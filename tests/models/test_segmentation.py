@@ -97,6 +97,7 @@ def _evaluate_my_share():
         suite_dist.close()
 
 
+@pytest.mark.slow
 def test_the_loop_sums_intersections_and_unions_over_ranks_before_the_mean():
     from tests.harness import run_ranks
 
@@ -152,6 +153,7 @@ def _single(baseline_of, model):
     return single.losses, read_summary(single.run_dir)["final"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, strategy, world", [
     (UNET, {"name": "ddp"}, 2),  # UNet has no batch norm: data parallel must match exactly
     ({**SEGNET, "batch_norm": False}, {"name": "ddp"}, 2),  # SegNet's unpooling under DDP
@@ -170,6 +172,7 @@ def test_training_matches_single_process(model, strategy, world, baseline_of, tm
     assert math.isclose(final["val_loss"], base_final["val_loss"], abs_tol=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_segnet_with_per_rank_batch_norm_under_ddp_computes_per_rank_statistics(baseline_of, tmp_path):
     """Unsynced (training.sync_batchnorm: false), DDP normalises with each rank's statistics:
@@ -181,6 +184,7 @@ def test_segnet_with_per_rank_batch_norm_under_ddp_computes_per_rank_statistics(
     assert max(abs(a - b) for a, b in zip(expected, base)) > 1e-3
 
 
+@pytest.mark.slow
 def test_unet_learns_the_shapes(tmp_path):
     # float32, as users train: learning needs no float64 (the parity tests' precision); a U-Net's
     # convolutions in float64 took 29 s for these 120 steps, in float32 3 s.

@@ -166,12 +166,14 @@ def _learn(sections, tmp_path, steps):
     return losses, read_metrics(tmp_path, kind="epoch", rank=0)[-1]
 
 
+@pytest.mark.slow
 def test_nbow_learns_planted_sentiment_well_below_chance(tmp_path):
     losses, last = _learn(SENTIMENT, tmp_path, 150)
     assert losses[0] > 0.6 and sum(losses[-10:]) / 10 < 0.1 * math.log(2), losses[::10]
     assert last["val_accuracy"] > 0.95, last
 
 
+@pytest.mark.slow
 def test_seq2seq_learns_to_reverse_well_below_chance_and_reports_perplexity(tmp_path):
     # One layer and a higher rate than the parity runs: learns within the test's time (2 layers
     # need several times the steps).
@@ -199,6 +201,7 @@ def baselines(baseline_of):
 
 # Dropout is 0 here (REVERSE): each data-parallel rank draws masks for its half of the batch from
 # the same seeded generator, so the masks differ from those one process draws for the whole batch.
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "allreduce"}, {"name": "fsdp"},
                                       {"name": "zero", "stage": 2}])
 @pytest.mark.parametrize("model", ["nbow", "seq2seq"])
@@ -214,6 +217,7 @@ def test_data_parallel_and_sharding_match_one_process(model, strategy, baselines
     assert_matches(step_losses(recipe, tmp_path / "run"), baseline, tolerance(recipe))
 
 
+@pytest.mark.slow
 def test_seq2seq_split_between_encoder_and_decoder_matches_one_process_even_with_dropout(baseline_of, tmp_path):
     """layer_split runs every block in one process in the same order, so dropout draws the same
     masks as the baseline: the comparison holds with the published dropout 0.5."""
@@ -225,6 +229,7 @@ def test_seq2seq_split_between_encoder_and_decoder_matches_one_process_even_with
         assert_matches(step_losses(recipe, tmp_path / f"split{split_at[0]}"), baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_seq2seq_in_two_pipeline_stages_matches_one_process(baselines, tmp_path):
     recipe = make_recipe({"name": "pipeline", "stages": 2, "micro_batches": 2}, world_size=2, **REVERSE,
@@ -232,6 +237,7 @@ def test_seq2seq_in_two_pipeline_stages_matches_one_process(baselines, tmp_path)
     assert_matches(step_losses(recipe, tmp_path), baselines["seq2seq"])
 
 
+@pytest.mark.slow
 def test_the_comparison_catches_ddp_ranks_drawing_their_own_dropout_masks(baseline_of, tmp_path):
     """Why the data-parallel runs above use dropout 0: with 0.5 each rank draws its masks for its
     half of the batch, the losses leave the baseline's (measured: 3e-3 by step 6), and the check fails."""

@@ -117,6 +117,7 @@ def _running_stats(run_dir):
 # gradient elements, and single in float32 is itself 1e-2 from single in float64 by step 3.
 # ResNet-18 with 8-sample accumulation passes amplifies rounding likewise. In float64 a correct
 # strategy stays within 1e-10 of single, whatever the CPU's vector kernels.
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(SMALL))
 @pytest.mark.parity
 def test_ddp_with_synced_batchnorm_matches_single_process(model, baselines, tmp_path):
@@ -132,6 +133,7 @@ def test_ddp_with_synced_batchnorm_matches_single_process(model, baselines, tmp_
     assert worst <= 1e-8, worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(SMALL))
 @pytest.mark.parity
 def test_ddp_with_per_rank_batchnorm_computes_per_rank_statistics_not_single_process(model, baselines, tmp_path):
@@ -144,6 +146,7 @@ def test_ddp_with_per_rank_batchnorm_computes_per_rank_statistics_not_single_pro
     assert max(abs(a - b) for a, b in zip(expected, baselines[model][0])) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_it(baseline_of, tmp_path):
     """Each accumulation step normalises by its own samples, in single as under ddp; the
@@ -156,6 +159,7 @@ def test_ddp_with_synced_batchnorm_and_accumulation_matches_single_process_with_
     assert_matches(step_losses(recipe, tmp_path / "ddp"), baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [{"name": "allreduce"}, {"name": "fsdp"}], ids=["allreduce", "fsdp"])
 @pytest.mark.parity
 def test_other_data_parallel_strategies_with_synced_batchnorm_match_single_process(strategy, baselines, tmp_path):
@@ -165,6 +169,7 @@ def test_other_data_parallel_strategies_with_synced_batchnorm_match_single_proce
     assert_matches(step_losses(recipe, tmp_path), baselines["resnet18"][0])
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(baseline_of, tmp_path):
     """DeepSpeed keeps float32 master weights, so ZeRO is compared in float32, against the floor
@@ -186,6 +191,7 @@ def test_zero2_with_synced_batchnorm_is_within_the_float32_noise_floor(baseline_
     assert not judge(single, apart, floor, "fp32")[0].ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(SMALL))
 @pytest.mark.parity
 def test_layer_split_matches_single_process(model, baselines, tmp_path):
@@ -194,6 +200,7 @@ def test_layer_split_matches_single_process(model, baselines, tmp_path):
     assert_matches(step_losses(recipe, tmp_path), baselines[model][0], learns=LEARNS[model])
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_resnet18_split_over_2_devices_on_2_ranks_matches_single_process(baselines, tmp_path):
     """2x2 hybrid: each rank's model in 2 parts, DDP across the ranks, batch norm synced over
@@ -209,6 +216,7 @@ KERAS = {"model": {"name": "mlp", "hidden": [128], "dropout": 0.2},
          "optimizer": {"name": "adam", "lr": 1e-3}}
 
 
+@pytest.mark.slow
 def test_keras_mlp_trains_on_fashion_mnist_files(tmp_path):
     """Fashion-MNIST in its idx format (tiny files written here), read from data.root."""
     import numpy as np
@@ -225,12 +233,14 @@ def test_keras_mlp_trains_on_fashion_mnist_files(tmp_path):
     assert len(losses) == 4 and all(loss > 0 for loss in losses)
 
 
+@pytest.mark.slow
 def test_mlp_with_dropout_learns(tmp_path):
     recipe = make_recipe({"name": "single"}, **KERAS, training={**BASE["training"], "max_steps": 30})
     losses = step_losses(recipe, tmp_path)
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
 
 
+@pytest.mark.slow
 def test_mlp_with_dropout_under_layer_split_matches_single_process(baseline_of, tmp_path):
     """One process draws the same dropout masks in the same order; data-parallel ranks each
     draw their own, so ddp with dropout cannot repeat single's steps (docs/models.md)."""

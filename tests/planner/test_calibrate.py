@@ -185,6 +185,7 @@ def test_where_the_machine_swings_while_timing_the_collectives_are_timed_again_a
     assert len(c["compute"]["speed_samples"]) == (7 if swings else 3)
 
 
+@pytest.mark.slow
 def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_the_times(machine_calibration, monkeypatch):
     """The command end to end, small messages (4 KiB .. 256 KiB): every kind's fit is positive and
     reproduces its measured times within a factor 2 (median relative error <= 100 %). A size's time
@@ -236,6 +237,7 @@ def test_calibrate_at_world_2_on_gloo_fits_positive_alpha_beta_that_reproduce_th
     assert "all_reduce" in table and "2(N-1)·α + 2(N-1)/N · n/β" in table
 
 
+@pytest.mark.slow
 def test_calibrate_with_a_recipe_times_each_world_and_the_model_with_as_many_ranks_at_once(tmp_path, monkeypatch):
     """--world-size 2,4: collectives fitted at each world (4 ranks on this machine's 2 cores wait
     for each other's turn), and the recipe's model stepped by 1, 2 and 4 ranks at once; a run at
@@ -281,6 +283,7 @@ def test_calibrate_refuses_one_rank_in_one_line(capsys):
 
 # ---- the loop: recorded by the run, shown beside what the run measured ----------------------------
 
+@pytest.mark.slow
 def test_a_run_records_its_prediction_and_the_report_sets_it_beside_the_measurement(tmp_path):
     from analysis import report
     from suite.planner.predict import prediction
@@ -321,6 +324,7 @@ def test_prediction_failure_is_recorded_not_raised():
 # the link study runs that command: tests/submit/test_link_study.py.
 
 
+@pytest.mark.slow
 def test_a_calibration_slurm_refuses_is_one_line_and_exit_2(tmp_path):
     """sbatch failing ends the calibration with the scheduler's words in one line, not submitit's
     traceback. Here: a partition the cluster lacks, which sbatch refuses at once (a missing

@@ -11,6 +11,8 @@ from suite import recipe as recipes
 from suite.planner import model_rate
 from tests.planner.hand_calibration import hand_calibration
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 RAW = {"name": "t", "model": {"name": "mlp", "hidden": [64]}, "data": {"name": "digits"},
        "optimizer": {"name": "sgd", "lr": 0.1}, "training": {"epochs": 1, "batch_size": 32, "seed": 0}}
 

@@ -11,6 +11,7 @@ from tests.planner.hand_calibration import hand_calibration
 from tests.planner.small_recipe import small_recipe as _recipe
 
 
+@pytest.mark.slow
 def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     recipe = _recipe({"name": "fsdp"}, 1, 2)
@@ -50,6 +51,7 @@ def test_the_prediction_times_the_models_own_step_and_the_strategys_as_one_rank(
     assert cli._predicted_text(recipe).endswith(f"note: {swung['calibration_speed_note']}")
 
 
+@pytest.mark.slow
 def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_path, monkeypatch):
     """A pipeline cannot run as one rank of its own; with dp > 1 each stage is wrapped (FSDP2),
     which costs its rank per step whatever the stage's share of the FLOPs. Its stages are timed
@@ -80,6 +82,7 @@ def test_a_pipeline_x_data_parallel_rank_is_timed_with_its_stages_wrapper(tmp_pa
     assert added == pytest.approx(entry["overhead_s"] / 0.5)  # 4 ranks on 2 cores: half a core each
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_rank_is_timed_as_rank_0_of_its_world_on_a_fake_process_group(tmp_path, monkeypatch):
     """Tensor parallelism splits layers: one rank at tp 1 computes every layer whole, so its
     degrees are kept and rank 0 of its world is timed, peers faked (torch's fake process group:
@@ -104,6 +107,7 @@ def test_a_tensor_parallel_rank_is_timed_as_rank_0_of_its_world_on_a_fake_proces
     assert prediction(recipe, hand_calibration(cores=2))["step_time_s"] > 0  # the whole path, as a run records it
 
 
+@pytest.mark.slow
 def test_a_pipelines_compute_is_its_busiest_stage_timed_alone_through_its_own_schedule(tmp_path, monkeypatch):
     """A stage of many FLOPs and few weights (an MLP whose first layer is wide) is not its FLOP
     share of the whole model's step: each stage is stepped alone through the pipeline's schedule

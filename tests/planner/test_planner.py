@@ -50,6 +50,7 @@ def _fsdp_rank0_bytes(params, world: int) -> int:
     return sum(min(math.ceil(p.shape[0] / world), p.shape[0]) * (p.numel() // p.shape[0]) * 4 for p in params)
 
 
+@pytest.mark.slow
 def test_world_1024_plans_in_under_a_minute_and_shards_parameters_by_the_rules():
     started = time.monotonic()
     for raw in (MLP, SMALL_TRANSFORMER):
@@ -105,6 +106,7 @@ def test_ddp_all_reduces_its_gradients_once_and_fsdp_gathers_twice_per_step():
     assert ddp.copy_bytes == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "allreduce", "fsdp"])
 def test_the_analytic_rule_each_run_records_sends_what_the_real_strategy_code_sends(strategy):
     """Each run's own prediction uses the analytic profile (no fake run of the strategy); its
@@ -124,6 +126,7 @@ def test_the_analytic_rule_each_run_records_sends_what_the_real_strategy_code_se
     # FSDP's storages resized back up nor the allocator's own small blocks.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("raw", [MLP, SMALL_TRANSFORMER], ids=["mlp", "transformer"])
 def test_tensor_parallel_all_reduces_counted_from_its_layout_equal_the_real_codes(raw):
     """Row-wise layers all-reduce their output in forward, column-wise ones their input's
@@ -136,6 +139,7 @@ def test_tensor_parallel_all_reduces_counted_from_its_layout_equal_the_real_code
     assert rule.comm_calls == fake.comm_calls and rule.comm_bytes == fake.comm_bytes
 
 
+@pytest.mark.slow
 def test_tensor_times_data_parallel_counts_fsdps_gathers_over_the_data_parallel_group():
     """tp 2 x dp 2: the tensor group's all-reduces as above, and FSDP2 over the data-parallel
     group: each unit of the rank's tensor shard gathered twice, reduce-scattered once. Calls as
@@ -153,6 +157,7 @@ def test_tensor_times_data_parallel_counts_fsdps_gathers_over_the_data_parallel_
         assert rule.comm_bytes[kind] == pytest.approx(n_bytes, rel=0.05), kind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_batch_norm_synced_over_the_ranks_is_counted_as_the_real_code_calls_it(strategy):
     """training.sync_batchnorm (the default): per batch-norm layer and pass one all-gather of the
@@ -176,6 +181,7 @@ def test_batch_norm_synced_over_the_ranks_is_counted_as_the_real_code_calls_it(s
     assert rule.comm_calls["all_gather"] - plain.comm_calls.get("all_gather", 0) == layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp", "allreduce"])
 def test_predicted_held_bytes_equal_a_real_runs_at_world_2_and_the_peak_is_within_20_percent(strategy, tmp_path):
     # Wide enough (38 MiB of parameters) that the tensors make the peak, not the libraries'
@@ -197,6 +203,7 @@ def test_predicted_held_bytes_equal_a_real_runs_at_world_2_and_the_peak_is_withi
         assert abs(bytes_ / peak - 1) <= 0.2, (what, bytes_, peak)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 3])
 def test_zeros_recorded_peak_is_within_20_percent_of_a_real_runs(stage, tmp_path):
     """The analytic rule a run records for itself (no fake run of DeepSpeed), held to a real run. A 4 MiB
@@ -211,6 +218,7 @@ def test_zeros_recorded_peak_is_within_20_percent_of_a_real_runs(stage, tmp_path
     assert abs(summary["predicted"]["peak_bytes"] / peak - 1) <= 0.2, (summary["predicted"]["peak_bytes"], peak)
 
 
+@pytest.mark.slow
 def test_the_cli_writes_the_plan_and_says_why_strategies_are_left_out(tmp_path, capsys):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({**_raw({"name": "mlp", "hidden": [16]}, {"name": "digits"}, 8),
@@ -225,6 +233,7 @@ def test_the_cli_writes_the_plan_and_says_why_strategies_are_left_out(tmp_path, 
         assert (tmp_path / "plan" / name).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_plan_takes_key_value_anywhere_and_prints_no_library_noise(tmp_path):
     """As a user types it: overrides after --world; the strategies whose real code cannot run on
     fake tensors say why, and no warning, log line or traceback reaches the output."""
@@ -272,6 +281,7 @@ def _counted_train(recipe, run_dir):
     return steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp_mode", ["fully_shard", "replicate"])
 def test_a_data_parallel_pipelines_rule_counts_the_collectives_its_stages_call(dp_mode, tmp_path):
     """Pipeline x data parallel at world 4 (2 stages x dp 2): the first stage's collectives per

@@ -179,6 +179,7 @@ def test_under_nccl_a_small_all_reduce_at_1024_ranks_takes_a_trees_latency_not_a
         alpha_beta.call_time_s("all_reduce", 2, 4e8, 20e-6, 50e9)
 
 
+@pytest.mark.slow
 def test_a_run_with_a_calibration_records_the_prediction_its_rank_0_timed(tmp_path, monkeypatch):
     """Rank 0 predicts after training, timing the model in a fresh process, and the run records it.
     (A timing in the rank itself hung in ranks the harness forked after tests/recipe's dry runs had

@@ -73,6 +73,7 @@ def test_the_search_spaces_offer_the_choices_that_matter():
     assert STRATEGIES["single"].Options.search_space(1) == [] and STRATEGIES["ddp"].Options.search_space(4) == []
 
 
+@pytest.mark.slow
 def test_the_planner_refuses_a_strategy_that_declares_no_rules(monkeypatch):
     assert costs.undeclared(Bare) == list(costs.RULES)
     # The table, before any point is planned.

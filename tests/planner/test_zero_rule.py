@@ -12,6 +12,8 @@ from suite.planner import analytic
 from suite.planner.counting import Collectives, fake_batch
 from tests.harness import run_ranks
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 RAW = {"name": "z", "model": {"name": "mlp", "hidden": [512, 512]},
        "data": {"name": "synthetic", "shape": [1, 28, 28], "classes": 10, "n_train": 256, "n_val": 64},
        "optimizer": {"name": "sgd", "lr": 0.01}, "training": {"batch_size": 64, "epochs": 1},

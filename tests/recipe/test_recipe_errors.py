@@ -15,6 +15,7 @@ def run_cli(capsys, *args):
     return code, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
     (["training.epoch=3"], "unknown recipe key training.epoch; accepted here: activation_checkpointing, balance, balance_shares, batch_size, checkpoint_every_steps, compile, epochs"),
     (["training.epochs=many"], "training.epochs='many'"),
@@ -33,16 +34,19 @@ def test_bad_input_is_one_line_and_exit_code_2(capsys, args, expected):
     assert err.startswith("error: ") and expected in err, err
 
 
+@pytest.mark.slow
 def test_unknown_strategy_key_names_the_accepted_ones(capsys):
     code, err = run_cli(capsys, "strategy.bucket_mb=10")
     assert code == 2 and "unknown recipe key strategy.bucket_mb; accepted here: bucket_cap_mb, name, static_graph" in err
 
 
+@pytest.mark.slow
 def test_missing_recipe_file(capsys):
     assert submit.main(["recipes/nope.yaml"]) == 2
     assert "recipe recipes/nope.yaml does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_command_line_shows_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "suite.submit", QUICKSTART, "strategy.name=warp"],
                           capture_output=True, text=True, timeout=120)
@@ -62,6 +66,7 @@ def assert_one_line(code, err, *named):
         assert word in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, named", [
     (["model.hidden=[1,2"], ["override model.hidden", "line 1, column 5"]),
     (["model.hidden=!!python/object/apply:os.system [echo hi]"], ["override model.hidden", "YAML tags"]),
@@ -81,6 +86,7 @@ def test_bad_override_is_one_line_naming_the_key(capsys, args, named):
     assert_one_line(*run_cli(capsys, *args), *named)
 
 
+@pytest.mark.slow
 def test_a_dotted_sweep_on_the_command_line_expands(capsys):
     assert submit.main([QUICKSTART, "sweep.training.seed=[0,1]", "--dry-run"]) == 0
     assert "2 job(s); nothing launched" in capsys.readouterr().out
@@ -98,6 +104,7 @@ def test_a_dotted_or_nested_sweep_gives_one_recipe_per_point(tmp_path):
     assert len(recipes.load(path, ["sweep.training.seed=[3,4,5]"])) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content, named", [
     ("name: x\nmodel: {name: mlp}\n".encode("utf-16"), ["r.yaml", "not UTF-8", "save it as UTF-8"]),
     (b"name: caf\xe9\n", ["r.yaml", "not UTF-8", "byte 9"]),
@@ -113,6 +120,7 @@ def test_bad_recipe_file_is_one_line_naming_the_file(capsys, tmp_path, content, 
     assert_one_line(code, capsys.readouterr().err.strip(), *named)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content, named", [
     ("name: x\ntraining:\n  epochs: 2\n  batch_size: 32\n  epochs: 5\n", "key training.epochs is given twice, at lines 3 and 5"),
     ("name: x\nmodel: {name: mlp}\nname: y\n", "key name is given twice, at lines 1 and 3"),
@@ -135,6 +143,7 @@ def test_a_merge_key_may_restate_what_it_merges(tmp_path):
     assert raw["training"] == {"epochs": 3, "seed": 0}
 
 
+@pytest.mark.slow
 def test_a_study_given_to_submit_names_suite_study(capsys):
     """A study recipe is a recipe plus arms, profiles, reference, ...: submit would report its first
     study key as an unknown recipe key; it names the command that runs studies instead."""
@@ -144,11 +153,13 @@ def test_a_study_given_to_submit_names_suite_study(capsys):
                     f"python -m suite.study {path}")
 
 
+@pytest.mark.slow
 def test_a_recipe_path_that_is_a_directory_says_so(capsys):
     code = submit.main(["recipes", "--dry-run"])
     assert_one_line(code, capsys.readouterr().err.strip(), "recipe recipes is a directory")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out, named", [("file", "is a file, not a folder"), ("file/under", "Not a directory")])
 def test_out_must_be_a_writable_folder(capsys, tmp_path, out, named):
     (tmp_path / "file").write_text("x")
@@ -156,6 +167,7 @@ def test_out_must_be_a_writable_folder(capsys, tmp_path, out, named):
     assert_one_line(code, capsys.readouterr().err.strip(), "--out", named)
 
 
+@pytest.mark.slow
 def test_out_unwritable(capsys, tmp_path):
     """Without write permission (as a normal user) or on a file system that refuses folders even to
     root (sysfs): one line, before anything launches."""

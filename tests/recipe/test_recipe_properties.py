@@ -4,6 +4,7 @@ SuiteError of one line: never another exception."""
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,6 +56,7 @@ def loads_or_says_one_line(path, overrides):
         assert message and "\n" not in message and "\r" not in message, repr(message)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(OVERRIDE, max_size=4))
 def test_any_override_loads_or_gives_one_line(overrides):
@@ -64,6 +66,7 @@ def test_any_override_loads_or_gives_one_line(overrides):
         loads_or_says_one_line(path, [f"{k}={v}" for k, v in overrides])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(st.dictionaries(KEY, VALUES, max_size=5), st.one_of(st.none(), TAGGED, st.binary(max_size=30)))
 def test_any_recipe_file_loads_or_gives_one_line(changes, extra):

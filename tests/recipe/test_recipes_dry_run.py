@@ -20,6 +20,7 @@ def test_the_recipes_folder_has_plain_recipes_and_studies():
     assert len(RECIPES) > len(STUDIES) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", RECIPES, ids=str)
 def test_recipe_dry_runs(path, capsys):
     run = study.main if path in STUDIES else cli.main
@@ -29,6 +30,7 @@ def test_recipe_dry_runs(path, capsys):
     assert "nothing launched (--dry-run)" in out
 
 
+@pytest.mark.slow
 def test_a_dry_run_prints_the_predicted_peak_memory_per_rank(capsys):
     import re
 

@@ -61,6 +61,7 @@ def baseline_fp32(baseline_of):
     return single.losses, single.run_dir
 
 
+@pytest.mark.slow
 def test_the_schedule_changes_training_and_its_lr_is_recorded(baseline, baseline_of):
     """Without this, parity under a schedule could hold with the lr never applied anywhere."""
     constant = baseline_of(make_recipe({"name": "single"})).losses
@@ -70,6 +71,7 @@ def test_the_schedule_changes_training_and_its_lr_is_recorded(baseline, baseline
     assert [r["lr"] for r in steps] == pytest.approx(STEP_LRS, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_wandb_export_carries_the_lr(baseline, monkeypatch):
     from analysis import wandb_runs
     from suite.record import wandb_export
@@ -85,6 +87,7 @@ def test_wandb_export_carries_the_lr(baseline, monkeypatch):
 TWO_DEVICES = {"devices_per_task": 2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, world, launch", [
     ({"name": "ddp"}, 2, {}),
     ({"name": "allreduce"}, 2, {}),
@@ -106,6 +109,7 @@ def test_a_step_schedule_matches_single_process(strategy, world, launch, baselin
     assert_matches(step_losses(recipe, tmp_path), single[0], tolerance(recipe))
 
 
+@pytest.mark.slow
 def test_the_comparison_catches_an_lr_that_does_not_reach_deepspeeds_optimizer(baseline_fp32, tmp_path, monkeypatch):
     monkeypatch.setattr(_deepspeed.DeepSpeedEngine, "set_lr", lambda self, lr: None)
     losses = step_losses(make_recipe({"name": "zero", "stage": 2}, world_size=2, optimizer=scheduled()), tmp_path)
@@ -113,6 +117,7 @@ def test_the_comparison_catches_an_lr_that_does_not_reach_deepspeeds_optimizer(b
         assert_matches(losses, baseline_fp32[0], FP32_TOLERANCE)
 
 
+@pytest.mark.slow
 def test_a_run_resumed_mid_schedule_continues_the_same_lrs_and_losses(tmp_path, monkeypatch):
     """Checkpoint at step 4 in the warm-up (6 steps), crash at 7, resume: the step decay counted
     in epochs (8 steps each) falls after the resume."""

@@ -66,6 +66,7 @@ def runs(tmp_path_factory):
     return root, {"single": train(digits_recipe({"name": "single"}, 1, EPOCHS, "cosine"), root / "single")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["hogwild", "param_server"])
 def test_converges_on_digits_within_the_margin_of_single(name, runs):
     root, summaries = runs
@@ -86,6 +87,7 @@ def test_converges_on_digits_within_the_margin_of_single(name, runs):
     assert rows[name]["experiment"] == rows["single"]["experiment"]
 
 
+@pytest.mark.slow
 def test_param_server_applies_or_refuses_every_push_and_counts_them(tmp_path):
     summary = train(digits_recipe({"name": "param_server", "staleness": 2}, 2, epochs=1), tmp_path / "run")
     server, worker = (r["strategy_metrics"] for r in summary["ranks"])
@@ -98,6 +100,7 @@ def test_param_server_applies_or_refuses_every_push_and_counts_them(tmp_path):
         assert metrics["pulls"] >= -(-summary["steps"] // 2) + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [{"name": "hogwild"}, {"name": "param_server"},
                                       {"name": "param_server", "staleness": 5}])
 def test_world_size_1_is_single(strategy, baseline, tmp_path):
@@ -146,6 +149,7 @@ def _share_and_write(path_box):
         sdist.close()
 
 
+@pytest.mark.slow
 def test_hogwild_ranks_write_into_one_segment_and_leave_no_file():
     before = set(glob.glob(SEGMENTS))
     (w0, b0), (w1, b1) = run_ranks(_share_and_write, 2, None, timeout_s=60)
@@ -168,6 +172,7 @@ def test_bad_options_are_one_line(strategy, launch, key):
 PEER_GONE = ("closed by peer", "eof", "connection", "process_vm_readv: no such process")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [1, 0], ids=["worker", "server"])
 def test_a_killed_rank_ends_its_peer_with_an_error_not_a_hang(killed, tmp_path, monkeypatch):
     """A worker (rank 1) or the server (rank 0) is SIGKILLed after its 3rd step; the other must end
@@ -204,6 +209,7 @@ def test_a_killed_rank_ends_its_peer_with_an_error_not_a_hang(killed, tmp_path, 
             proc.join(5)
 
 
+@pytest.mark.slow
 def test_hogwild_sweep_points_reuse_the_rank_processes(tmp_path):
     """hogwild declares ``reusable_process``: the second point of a local sweep trains in the
     first's rank processes, with a new segment, and both leave nothing in /dev/shm."""

@@ -20,12 +20,14 @@ def shares(values, **more):
     return {"training": {**TRAINING, "balance": "shares", "balance_shares": values, **more}}
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 @pytest.mark.parametrize("name", ["ddp", "allreduce"])
 def test_unequal_shares_match_single_process(name, baseline, tmp_path):
     assert_matches(step_losses(make_recipe({"name": name}, world_size=2, **shares([24, 8])), tmp_path), baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_unequal_shares_with_accumulation_match_single_process(baseline, tmp_path):
     """Shares the passes do not divide (25 = 13 + 12, 7 = 4 + 3): each pass weighed by its samples."""
@@ -33,6 +35,7 @@ def test_unequal_shares_with_accumulation_match_single_process(baseline, tmp_pat
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 def test_the_comparison_catches_losses_not_weighted_by_share(baseline, tmp_path, monkeypatch):
     """Each rank's mean loss unweighted (what the equal split does): the gradient is then the mean
     of the ranks' means, not the batch's mean, and the parity check must fail."""
@@ -42,6 +45,7 @@ def test_the_comparison_catches_losses_not_weighted_by_share(baseline, tmp_path,
         assert_matches(losses, baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_speed_balance_measures_then_splits_and_matches_single(baseline, tmp_path, monkeypatch):
     """With a short probe (the ranks are forked after the patch), the balancer times each rank

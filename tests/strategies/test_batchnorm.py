@@ -68,6 +68,7 @@ def _whole_and_halves(kind, shape, **kwargs):
     return ranks, whole
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, shape, kwargs", [
     (nn.BatchNorm2d, (8, 4, 5, 5), {}),
     (nn.BatchNorm1d, (8, 4), {}),
@@ -103,6 +104,7 @@ def test_syncing_keeps_the_layers_their_parameters_and_state_dict_keys():
     assert batchnorm.is_synced(model[1]) and batchnorm.is_synced(model[2][0]) and not batchnorm.is_synced(model[0])
 
 
+@pytest.mark.slow
 def test_torch_syncbatchnorm_does_not_run_on_cpu():
     """Why the suite has its own: if this starts failing, torch's may now do (re-check, docs/strategies.md)."""
     def rank_part():
@@ -147,6 +149,7 @@ def test_one_data_parallel_rank_leaves_batchnorm_alone():
     assert setup.batchnorm_group() is None and not batchnorm.is_synced(model[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
 def test_synced_batchnorm_on_one_rank_computes_what_torchs_computes_in_a_whole_model(model):
     """Outputs and every parameter gradient of a whole network, synced over a group of one
@@ -181,6 +184,7 @@ def test_synced_batchnorm_on_one_rank_computes_what_torchs_computes_in_a_whole_m
     assert len(relative) > 40 and max(relative) < 1e-10, max(relative)
 
 
+@pytest.mark.slow
 def test_synced_batchnorm_layer_computes_what_torchs_computes_for_every_plane_size():
     """Feature planes of every size (2x2 ... 14x14: MNIST-sized maps; 32x32), on one rank, float64."""
     def rank_part():
@@ -209,6 +213,7 @@ def test_synced_batchnorm_layer_computes_what_torchs_computes_for_every_plane_si
     assert all(w < 1e-12 for w in worst.values()), worst
 
 
+@pytest.mark.slow
 def test_a_wrong_backward_formula_is_caught_by_the_float64_comparison(monkeypatch):
     """The comparisons above can fail: drop the dy * x_hat term's all-reduce (each rank then uses
     its own samples' sum) and the 2-rank input gradients part from the whole batch's."""
@@ -226,6 +231,7 @@ def test_a_wrong_backward_formula_is_caught_by_the_float64_comparison(monkeypatc
         torch.testing.assert_close(ranks[0]["x_grad"], whole["x_grad"].chunk(WORLD)[0], **CLOSE)
 
 
+@pytest.mark.slow
 def test_synced_batchnorm_runs_under_bf16_autocast_with_float32_statistics():
     """bf16 autocast hands batch norm bf16 inputs: the synced layer keeps float32 statistics, as
     native batch norm does (its first native version mixed bf16 and float32 and failed here)."""

@@ -63,6 +63,7 @@ def check_against_single(strategy, world_size, run_dir, singles, sections=None, 
     assert_norms_match(norms, base_norms, tolerance(recipe))
 
 
+@pytest.mark.slow
 def test_the_clip_binds_and_the_norm_is_recorded(single, baseline_of):
     losses, norms = single
     unclipped, none = run_single(baseline_of)
@@ -72,6 +73,7 @@ def test_the_clip_binds_and_the_norm_is_recorded(single, baseline_of):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_a_clip_above_every_norm_changes_nothing(single, baseline_of, tmp_path):
     loose, norms = run({"name": "single"}, tmp_path, **clipped(clip=10.0))
     unclipped, _ = run_single(baseline_of)
@@ -109,6 +111,7 @@ def assert_norms_match(norms, baseline_norms, tolerance: float):
     assert worst <= tolerance, f"pre-clip norms differ from single's by up to {worst:.3g}:\n{norms}\n{baseline_norms}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parity
 def test_clipped_strategy_matches_clipped_single(case, singles, tmp_path):
@@ -116,6 +119,7 @@ def test_clipped_strategy_matches_clipped_single(case, singles, tmp_path):
     check_against_single(strategy, world_size, tmp_path, singles, sections)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["pipeline-dp2", "ds_pipeline-dp2", "fsdp-hsdp", "tensor-dp2"])
 @pytest.mark.parity
 def test_four_ranks_count_replicas_once(case, singles, tmp_path):
@@ -126,6 +130,7 @@ def test_four_ranks_count_replicas_once(case, singles, tmp_path):
     check_against_single(strategy, 4, tmp_path, singles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "zero"])
 @pytest.mark.parity
 def test_clipping_after_gradient_accumulation(name, singles, tmp_path):
@@ -142,6 +147,7 @@ def bf16_single(baseline_of):
     return run_single(baseline_of, **bf16())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["ds_pipeline", "zero0"])
 def test_deepspeed_bf16_clips_by_the_whole_models_norm(case, bf16_single, tmp_path):
     """In bf16 DeepSpeed's own optimizer wrapper clips (not the suite): its norm must still cover
@@ -154,6 +160,7 @@ def test_deepspeed_bf16_clips_by_the_whole_models_norm(case, bf16_single, tmp_pa
     assert all(abs(a - b) < 0.01 * b for a, b in zip(norms, bf16_single[1])), (norms, bf16_single[1])
 
 
+@pytest.mark.slow
 def test_deepspeed_clips_with_the_recipe_value(tmp_path):
     run({"name": "zero"}, tmp_path, 2, **clipped())
     assert read_json(tmp_path / "deepspeed_config.json")["gradient_clipping"] == CLIP

@@ -5,6 +5,7 @@ from suite.strategies import allreduce
 from tests.parity import assert_matches, make_recipe, step_losses
 
 pytestmark = pytest.mark.parity  # every test here: rerun under each CPU kernel set
+pytestmark = [pytestmark, pytest.mark.slow]  # and slow: every test here launches runs (docs/contributing.md)
 # baseline: single's losses on the parity recipe, once per session (tests/conftest.py)
 
 

@@ -42,6 +42,7 @@ def baseline(baseline_of):
     return single.losses, single.summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [PIPE, {**PIPE, "partition": "uniform"}, {**PIPE, "zero_stage": 1}],
                          ids=["parameters", "uniform", "zero1"])
 @pytest.mark.parity
@@ -49,6 +50,7 @@ def test_two_stages_four_micro_batches_match_single_process(strategy, baseline, 
     assert_matches(step_losses(make_recipe(strategy, world_size=2), tmp_path), baseline[0])
 
 
+@pytest.mark.slow
 def test_only_the_last_stage_reports_the_loss_and_evaluation_matches(baseline, tmp_path):
     step_losses(make_recipe(PIPE, world_size=2), tmp_path)
     first, last = read_metrics(tmp_path, kind="step", rank=0), read_metrics(tmp_path, kind="step", rank=1)
@@ -59,6 +61,7 @@ def test_only_the_last_stage_reports_the_loss_and_evaluation_matches(baseline, t
         assert abs(mine[key] - single[key]) <= 1e-5, (key, mine, single)
 
 
+@pytest.mark.slow
 def test_each_stage_holds_only_its_own_blocks(tmp_path):
     recipe = make_recipe(PIPE, world_size=2)
     step_losses(recipe, tmp_path)
@@ -69,6 +72,7 @@ def test_each_stage_holds_only_its_own_blocks(tmp_path):
         assert sum(r[key] for r in ranks) == total, (key, ranks)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_vgg11_split_in_two_matches_single_process(baseline_of, tmp_path_factory):
     single = baseline_of(make_recipe({"name": "single"}, **VGG)).losses
@@ -76,6 +80,7 @@ def test_vgg11_split_in_two_matches_single_process(baseline_of, tmp_path_factory
     assert_matches(piped, single)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_two_stages_times_two_data_parallel_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({**PIPE, "micro_batches": 2, "zero_stage": 1}, world_size=4)
@@ -83,6 +88,7 @@ def test_two_stages_times_two_data_parallel_matches_single_process(baseline, tmp
     assert_matches(step_losses(recipe, tmp_path), baseline[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero_stage", [0, 1])
 def test_state_dict_resumes_exactly(zero_stage):
     recipe = make_recipe({**PIPE, "zero_stage": zero_stage}, world_size=2)
@@ -104,6 +110,7 @@ def test_bad_recipes_are_one_clear_line(strategy, changes, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_dry_run_refuses_pipeline_with_zero3_with_exit_code_2_and_one_line():
     done = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/ds_pipeline_mlp.yaml",
                            "strategy.zero_stage=3", "--dry-run"], capture_output=True, text=True, timeout=120, cwd=REPO)

@@ -11,6 +11,7 @@ from tests.parity import BASE, TWO_DEVICES, assert_matches, make_recipe, step_lo
 from tests.roundtrip import continued_and_resumed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
 @pytest.mark.parity
 def test_oss_matches_single_process_at_world_size_2(gradients, baseline, tmp_path):
@@ -18,6 +19,7 @@ def test_oss_matches_single_process_at_world_size_2(gradients, baseline, tmp_pat
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 def test_oss_takes_every_optimizer_the_recipe_can_name(baseline_of, tmp_path):
     # AdamW's defaults hold a key its constructor refuses; OSS rebuilds the optimizer from them.
     adamw = {**BASE["optimizer"], "name": "adamw", "weight_decay": 0.01}
@@ -25,6 +27,7 @@ def test_oss_takes_every_optimizer_the_recipe_can_name(baseline_of, tmp_path):
     assert_matches(step_losses(make_recipe({"name": "oss"}, world_size=2, optimizer=adamw), tmp_path / "oss"), single)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
 @pytest.mark.parity
 def test_oss_with_gradient_accumulation_matches_single_process(gradients, baseline, tmp_path):
@@ -32,6 +35,7 @@ def test_oss_with_gradient_accumulation_matches_single_process(gradients, baseli
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 def test_oss_holds_half_the_optimizer_state_at_world_size_2(tmp_path):
     step_losses(make_recipe({"name": "oss"}, world_size=2), tmp_path)
     held = [r["held_bytes"] for r in json.loads((tmp_path / "summary.json").read_text())["ranks"]]
@@ -40,6 +44,7 @@ def test_oss_holds_half_the_optimizer_state_at_world_size_2(tmp_path):
     assert sum(h["optimizer_state"] for h in held) == params
 
 
+@pytest.mark.slow
 def test_sharded_ddp_with_grads_set_to_none_is_wrong(baseline, tmp_path, monkeypatch):
     """Why the engine clears in place: torch's default set_to_none leaves fairscale's buckets full."""
     monkeypatch.setattr(fairscale_oss.OSSEngine, "zero_grad", lambda self: self.optimizer.zero_grad(set_to_none=True))
@@ -48,6 +53,7 @@ def test_sharded_ddp_with_grads_set_to_none_is_wrong(baseline, tmp_path, monkeyp
         assert_matches(losses, baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", ["except_last", "never"])
 @pytest.mark.parity
 def test_pipe_in_one_process_matches_single_process(checkpoint, baseline, tmp_path):
@@ -68,6 +74,7 @@ def test_unsupported_settings_give_one_clear_line(strategy, world, launch, fragm
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradients", ["ddp", "sharded_ddp"])
 def test_oss_state_dict_resumes_exactly(gradients):
     recipe = make_recipe({"name": "oss", "gradients": gradients}, world_size=2)
@@ -75,6 +82,7 @@ def test_oss_state_dict_resumes_exactly(gradients):
         assert resumed == continued
 
 
+@pytest.mark.slow
 def test_pipe_state_dict_resumes_exactly():
     recipe = make_recipe({"name": "fairscale_pipe"}, **TWO_DEVICES)
     ((continued, resumed),) = run_ranks(continued_and_resumed, 1, recipe)

@@ -18,34 +18,40 @@ def full_sharding(tmp_path_factory):
     return recipe, step_losses(recipe, run_dir), read_json(run_dir / "summary.json")
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_full_sharding_matches_single_process_at_world_size_2(full_sharding, baseline_and_summary):
     assert_matches(full_sharding[1], baseline_and_summary[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_grad_op_sharding_matches_single_process_at_world_size_2(baseline_and_summary, tmp_path):
     recipe = make_recipe({"name": "fsdp", "reshard_after_forward": False}, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baseline_and_summary[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_gradient_accumulation_matches_single_process(baseline_and_summary, tmp_path):
     recipe = make_recipe({"name": "fsdp"}, world_size=2, training={**BASE["training"], "grad_accumulation": 2})
     assert_matches(step_losses(recipe, tmp_path), baseline_and_summary[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_hybrid_sharding_2x2_matches_single_process_at_world_size_4(baseline_and_summary, tmp_path):
     recipe = make_recipe({"name": "fsdp", "replicate": 2}, world_size=4)
     assert_matches(step_losses(recipe, tmp_path), baseline_and_summary[0])
 
 
+@pytest.mark.slow
 def test_full_sharding_holds_half_of_everything_per_rank_at_world_size_2(full_sharding, baseline_and_summary):
     recipe, _, summary = full_sharding
     assert_holds_share(summary, baseline_and_summary[1], predicted_held_bytes(recipe)["per_rank"], 1 / 2)
 
 
+@pytest.mark.slow
 def test_the_comparison_catches_gradients_that_are_never_reduced(baseline_and_summary, tmp_path, monkeypatch):
     """Break the strategy on purpose (each rank steps on its own gradients): parity must fail."""
     def never_sync(self, last):
@@ -58,6 +64,7 @@ def test_the_comparison_catches_gradients_that_are_never_reduced(baseline_and_su
         assert_matches(losses, baseline_and_summary[0])
 
 
+@pytest.mark.slow
 def test_bf16_mixed_precision_runs_and_learns(tmp_path):
     """Smoke test only: bf16 is not held to the fp32 tolerance."""
     losses = step_losses(make_recipe({"name": "fsdp", "mixed_precision": "bf16"}, world_size=2), tmp_path)
@@ -85,6 +92,7 @@ def inplace_at_a_block_start(spec):
                          nn.Sequential(nn.ReLU(inplace=True), nn.Linear(32, spec.num_classes)))
 
 
+@pytest.mark.slow
 def test_a_block_that_edits_its_input_in_place_is_sharded_and_matches_single(baseline_of, tmp_path):
     model = {"target": "tests.strategies.test_fsdp:inplace_at_a_block_start"}
     baseline = baseline_of(make_recipe({"name": "single"}, model=model)).losses

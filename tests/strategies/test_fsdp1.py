@@ -9,6 +9,8 @@ from suite.record.run_record import read_json
 from suite.strategies import fsdp1
 from tests.parity import BASE, assert_holds_share, assert_matches, make_recipe, step_losses
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 
 @pytest.fixture(scope="module")
 def full_sharding(tmp_path_factory):

@@ -15,6 +15,7 @@ def test_horovod_is_refused_with_the_reason_and_the_alternative():
         make_recipe({"name": "horovod"}, 2)
 
 
+@pytest.mark.slow
 def test_horovod_on_the_command_line_is_one_line():
     proc = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "strategy.name=horovod",
                            "--dry-run"], capture_output=True, text=True, timeout=120, check=False)

@@ -12,6 +12,7 @@ from tests.parity import BASE, TWO_DEVICES, assert_matches, make_recipe, step_lo
 from tests.roundtrip import continued_and_resumed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split_at", [None, [1], [3]])
 @pytest.mark.parity
 def test_two_devices_in_one_process_match_single_process(split_at, baseline, tmp_path):
@@ -19,6 +20,7 @@ def test_two_devices_in_one_process_match_single_process(split_at, baseline, tmp
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_mp_ddp_at_world_size_2_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "layer_split"}, world_size=2, **TWO_DEVICES)
@@ -26,6 +28,7 @@ def test_mp_ddp_at_world_size_2_matches_single_process(baseline, tmp_path):
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_mp_ddp_with_gradient_accumulation_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "layer_split"}, world_size=2, **TWO_DEVICES,
@@ -77,6 +80,7 @@ def test_bad_settings_give_one_clear_line(strategy, launch, fragment):
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_state_dict_resumes_exactly(world):
     recipe = make_recipe({"name": "layer_split"}, world_size=world, **TWO_DEVICES)

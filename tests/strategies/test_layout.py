@@ -44,6 +44,7 @@ def _mesh_ranks(layout):
         sdist.close()
 
 
+@pytest.mark.slow
 def test_coordinates_are_those_of_torchs_device_mesh():
     layout = make_recipe({"name": "tensor", "dp": 2}, world_size=4).layout()
     for from_mesh, from_plan in run_ranks(_mesh_ranks, 4, layout):
@@ -63,6 +64,7 @@ def test_bad_degrees_and_batches_are_one_line_naming_the_key(strategy, world, tr
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_plan_is_torch_free_at_import():
     code = "import sys, suite.plan; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

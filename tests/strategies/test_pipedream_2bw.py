@@ -63,6 +63,7 @@ def final(run_dir, key):
     return json.loads((run_dir / "summary.json").read_text())["final"][key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages, micro_batches, sections", [
     (2, 4, {}), (3, 4, DEEPER), (2, 2, SCHEDULED), (2, 8, ADAM)],
     ids=["2x4", "3x4", "schedule-and-decay", "adam"])
@@ -79,6 +80,7 @@ def test_losses_follow_the_2bw_rule_exactly(stages, micro_batches, sections, ref
     assert abs(final(tmp_path, "val_loss") - final(reference_dir, "val_loss")) <= 1e-10
 
 
+@pytest.mark.slow
 def test_each_stage_records_its_bubble_and_holds_two_versions(tmp_path):
     recipe = make_recipe({"name": "pipedream_2bw", "micro_batches": 4}, world_size=2, precision="fp32")
     step_losses(recipe, tmp_path)
@@ -92,6 +94,7 @@ def test_each_stage_records_its_bubble_and_holds_two_versions(tmp_path):
         assert held["parameters"] == 3 * held["gradients"]
 
 
+@pytest.mark.slow
 def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_losses(tmp_path, monkeypatch):
     """The stashed version travels in the checkpoint: resumed at step 4, steps 5.. are the
     uninterrupted run's."""

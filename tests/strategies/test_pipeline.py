@@ -34,6 +34,7 @@ def vgg_baseline(baseline_of):
     return baseline_of(make_recipe({"name": "single"}, **VGG)).losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parity
 def test_mlp_pipeline_matches_single_process(schedule, baseline, baseline_dir, tmp_path):
@@ -43,6 +44,7 @@ def test_mlp_pipeline_matches_single_process(schedule, baseline, baseline_dir, t
     assert abs(final(tmp_path, "val_loss") - final(baseline_dir, "val_loss")) <= 1e-5
 
 
+@pytest.mark.slow
 def test_autoencoder_pipeline_scores_against_the_input(baseline_of, tmp_path_factory):
     sections = {"model": {"name": "autoencoder", "base_channels": 4},
                 "data": {"name": "digits", "limit_val": 64},  # real 8x8 images: learnable
@@ -52,6 +54,7 @@ def test_autoencoder_pipeline_scores_against_the_input(baseline_of, tmp_path_fac
     assert_matches(step_losses(recipe, tmp_path_factory.mktemp("ae-pipeline")), baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parity
 def test_vgg11_pipeline_matches_single_process(schedule, vgg_baseline, tmp_path):
@@ -59,11 +62,13 @@ def test_vgg11_pipeline_matches_single_process(schedule, vgg_baseline, tmp_path)
     assert_matches(step_losses(recipe, tmp_path), vgg_baseline)
 
 
+@pytest.mark.slow
 def test_split_points_from_the_recipe_match_too(baseline, tmp_path):
     recipe = make_recipe({"name": "pipeline", "split_at": [3]}, world_size=2)
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp_mode", ["fully_shard", "replicate"])
 @pytest.mark.parity
 def test_data_x_pipeline_on_a_2x2_mesh_matches_single_process(dp_mode, baseline, tmp_path):
@@ -72,6 +77,7 @@ def test_data_x_pipeline_on_a_2x2_mesh_matches_single_process(dp_mode, baseline,
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 def test_each_stage_records_its_measured_bubble_next_to_the_formula(tmp_path):
     recipe = make_recipe({"name": "pipeline", "micro_batches": 4}, world_size=2, precision="fp32")  # 4-byte parameters
     step_losses(recipe, tmp_path)
@@ -122,6 +128,7 @@ def test_bad_degrees_give_one_clear_line(strategy, world, fragment):
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_comparison_catches_unscaled_micro_batch_gradients(baseline, tmp_path, monkeypatch):
     """Break the pipeline on purpose (gradients summed over micro-batches, not averaged)."""
     from torch.distributed.pipelining import ScheduleGPipe
@@ -133,6 +140,7 @@ def test_the_comparison_catches_unscaled_micro_batch_gradients(baseline, tmp_pat
         assert_matches(losses, baseline)
 
 
+@pytest.mark.slow
 def test_the_gpipe_vgg_recipe_runs_end_to_end_through_submit(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/gpipe_vgg.yaml", "--out", str(tmp_path),
                            "training.max_steps=6", "tracking.wandb=disabled"],
@@ -145,6 +153,7 @@ def test_the_gpipe_vgg_recipe_runs_end_to_end_through_submit(tmp_path):
     assert [r["strategy_metrics"]["stage"] for r in summary["ranks"]] == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipeline_state_dict_resumes_exactly(schedule):
     recipe = make_recipe({"name": "pipeline", "schedule": schedule}, world_size=2)

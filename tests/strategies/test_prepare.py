@@ -16,22 +16,26 @@ COMPILE_TOLERANCE = 1e-4  # fused kernels reorder float sums
 # baseline: single's losses on the parity recipe, once per session (tests/conftest.py)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "fsdp"}, {"name": "fsdp1"}])
 def test_activation_checkpointing_matches_single_process_at_world_size_2(strategy, baseline, tmp_path):
     recipe = make_recipe(strategy, world_size=2, training=CHECKPOINTED)
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_with_accumulation_under_ddp_matches(baseline, tmp_path):
     recipe = make_recipe({"name": "ddp"}, world_size=2, training={**CHECKPOINTED, "grad_accumulation": 2})
     assert_matches(step_losses(recipe, tmp_path), baseline)
 
 
+@pytest.mark.slow
 def test_compile_runs_and_matches_single_process(baseline, tmp_path):
     recipe = make_recipe({"name": "ddp"}, world_size=2, training={**BASE["training"], "compile": True})
     assert_matches(step_losses(recipe, tmp_path, timeout_s=600), baseline, tolerance=COMPILE_TOLERANCE)
 
 
+@pytest.mark.slow
 def test_deepspeed_pipeline_takes_both_options(baseline_of, tmp_path):
     """Its engine runs the blocks itself: they are prepared before they become its layers.
     DeepSpeed cannot train in float64: compared in float32, against single in float32."""
@@ -57,6 +61,7 @@ def test_checkpointing_recomputes_each_block_in_backward():
     assert len(calls) == 2  # the forward, then the recomputation in backward
 
 
+@pytest.mark.slow
 def test_compile_compiles_each_block():
     model = prepare.prepare(_model(), activation_checkpointing=False, compile=True, device=torch.device("cpu"))
     traced = []

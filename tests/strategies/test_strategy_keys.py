@@ -248,6 +248,7 @@ def single_runs(tmp_path_factory):
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["hogwild", "param_server"])
 @pytest.mark.parametrize("key", list(EFFECTS))
 def test_asynchronous_strategies_honour_the_key_as_single_does(strategy, key, single_runs, tmp_path):
@@ -259,6 +260,7 @@ def test_asynchronous_strategies_honour_the_key_as_single_does(strategy, key, si
     assert_matches(step_losses(parity_recipe(strategy, change), tmp_path), baseline, tolerance=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["hogwild", "param_server"])
 def test_asynchronous_strategies_resume_from_periodic_checkpoints(strategy, tmp_path, monkeypatch):
     """training.checkpoint_every_steps: a run that crashes after step 7 resumes from the checkpoint

@@ -36,11 +36,13 @@ def transformer_baseline(baseline_of, language):
     return single.losses, single.summary
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_mlp_matches_single_process_at_tp_2(mlp_baseline, tmp_path):
     assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2), tmp_path), mlp_baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_transformer_matches_single_process_at_tp_2(transformer_baseline, language, tmp_path):
     assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2, **language), tmp_path),
@@ -51,6 +53,7 @@ def test_transformer_matches_single_process_at_tp_2(transformer_baseline, langua
         assert whole / 2 < rank["held_bytes"]["parameters"] < whole
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_transformer_matches_single_process_at_dp_2_x_tp_2(transformer_baseline, language, tmp_path):
     recipe = make_recipe({"name": "tensor", "dp": 2}, world_size=4, **language)
@@ -59,11 +62,13 @@ def test_transformer_matches_single_process_at_dp_2_x_tp_2(transformer_baseline,
     assert summary["dp_size"] == 2
 
 
+@pytest.mark.slow
 def test_language_runs_report_tokens_per_s(transformer_baseline, language):
     summary = transformer_baseline[1]
     assert math.isclose(summary["tokens_per_s"], summary["samples_per_s"] * language["data"]["seq_len"])
 
 
+@pytest.mark.slow
 def test_the_comparison_catches_tp_ranks_reading_different_batches(mlp_baseline, tmp_path, monkeypatch):
     """Break the strategy on purpose (each tp rank reads its own data shard): parity must fail."""
     build = tensor.build

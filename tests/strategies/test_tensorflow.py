@@ -72,6 +72,7 @@ def keras_mlp_runs(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 @needs_tf
 @pytest.mark.parametrize("strategy", ["tf_single", "tf_mirrored", "tf_mirrored_loop", "tf_multiworker"])
 def test_learns_as_torch_single_and_reports(keras_mlp_runs, strategy):
@@ -105,6 +106,7 @@ def _submit_sweep(tmp_path, strategies: list[str]) -> list[Path]:
     return in_order(tmp_path / "sweep")
 
 
+@pytest.mark.slow
 @needs_tf
 @pytest.mark.timeout(900)  # four TF processes (two of them workers of one run), ~140 s on a loaded machine
 def test_mirrored_replicas_repeat_tf_single_steps(tmp_path):
@@ -153,6 +155,7 @@ def clipped(clip=0.3) -> dict:
     return {**CLIP_SGD, "training": {**CLIP_SGD["training"], "grad_clip_norm": clip}}
 
 
+@pytest.mark.slow
 @needs_tf
 @pytest.mark.timeout(600)
 def test_grad_clip_norm_binds_and_the_mirrored_loop_clips_the_summed_gradient_as_tf_single(tmp_path):
@@ -167,6 +170,7 @@ def test_grad_clip_norm_binds_and_the_mirrored_loop_clips_the_summed_gradient_as
     assert_matches(loop, single, tolerance=TF_TOLERANCE)
 
 
+@pytest.mark.slow
 @needs_tf
 @pytest.mark.parametrize("key, value, strategies", [
     ("training.grad_clip_norm", 0.3, ["tf_mirrored"]),

@@ -59,12 +59,14 @@ def stage_runs(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parity
 def test_stage_matches_single_process(stage, stage_runs, adam_baseline):
     assert_matches(stage_runs[stage][1], adam_baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, changes", [
     (zero(stage=1), {"training": training(grad_accumulation=2)}),
     (zero(stage=3), {"training": training(grad_accumulation=2)}),
@@ -76,6 +78,7 @@ def test_accumulation_and_offload_match_single_process(strategy, changes, adam_b
     assert_matches(step_losses(recipe, tmp_path), adam_baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_sgd_with_momentum_matches_single_process(baseline_of, tmp_path_factory):
     """Not Adam: DeepSpeed needs zero_allow_untested_optimizer, and the torch SGD must step unchanged."""
@@ -83,6 +86,7 @@ def test_sgd_with_momentum_matches_single_process(baseline_of, tmp_path_factory)
     assert_matches(step_losses(make_recipe(zero(stage=2), world_size=WORLD), tmp_path_factory.mktemp("z2")), baseline)
 
 
+@pytest.mark.slow
 def test_the_comparison_catches_gradient_clipping(baseline_of, tmp_path_factory, monkeypatch):
     """DeepSpeed clips gradients (at 1.0) unless told otherwise, which the baseline never does. This
     small model's gradient norm stays under 1.0, so clip at 0.1 to show that the check sees clipping."""
@@ -94,6 +98,7 @@ def test_the_comparison_catches_gradient_clipping(baseline_of, tmp_path_factory,
         assert_matches(losses, baseline)
 
 
+@pytest.mark.slow
 def test_bf16_trains_close_to_fp32(adam_baseline, tmp_path):
     """bf16 rounds (no 1e-5 claim): it must run, learn, and stay near the fp32 curve."""
     losses = step_losses(make_recipe(zero(stage=2), world_size=WORLD, optimizer=ADAM,
@@ -102,6 +107,7 @@ def test_bf16_trains_close_to_fp32(adam_baseline, tmp_path):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_no_cpp_op_is_compiled(monkeypatch, adam_baseline, tmp_path):
     """Start-up skips the shared-memory collective op; the torch optimizer needs no CPUAdam."""
     from deepspeed.ops.op_builder.builder import OpBuilder
@@ -115,6 +121,7 @@ def test_no_cpp_op_is_compiled(monkeypatch, adam_baseline, tmp_path):
     assert_matches(step_losses(recipe, tmp_path), adam_baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [zero(stage=0), zero(stage=2), zero(stage=3, offload_optimizer=True)],
                          ids=["stage0", "stage2", "stage3-offload"])
 def test_state_dict_resumes_exactly(strategy):
@@ -134,6 +141,7 @@ def near(measured, expected, rel=0.03):
     return abs(measured - expected) <= rel * expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_each_rank_holds_its_stages_share(stage, stage_runs):
     recipe, _, run_dir = stage_runs[stage]
@@ -152,6 +160,7 @@ def test_each_rank_holds_its_stages_share(stage, stage_runs):
         assert near(rank["parameters"], p / WORLD if stage == 3 else p), rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_dry_run_prediction_matches_what_ranks_hold(stage, stage_runs):
     recipe, _, run_dir = stage_runs[stage]
@@ -161,6 +170,7 @@ def test_dry_run_prediction_matches_what_ranks_hold(stage, stage_runs):
             assert near(rank[key], value), (key, rank, predicted)
 
 
+@pytest.mark.slow
 def test_the_deepspeed_config_is_recorded_with_consistent_batch_sizes(stage_runs):
     _, _, run_dir = stage_runs[3]
     config = json.loads((run_dir / "deepspeed_config.json").read_text())
@@ -195,6 +205,7 @@ def test_expert_config_keys_pass_through():
     assert recipe.strategy.config["zero_optimization"]["reduce_bucket_size"] == 1e6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["strategy.stage=4", "strategy.config={foo: 1}"])
 def test_dry_run_refuses_with_exit_code_2_and_one_line(override):
     done = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/zero2_mlp.yaml", override, "--dry-run"],
@@ -203,6 +214,7 @@ def test_dry_run_refuses_with_exit_code_2_and_one_line(override):
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
 
 
+@pytest.mark.slow
 def test_dry_run_prints_predicted_bytes_per_rank():
     done = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/zero2_mlp.yaml", "--dry-run"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)

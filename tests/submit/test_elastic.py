@@ -112,6 +112,7 @@ def _losses(run_dir):
     return [latest[k] for k in sorted(latest)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("elastic", [True, False])
 def test_a_lost_node_mid_run_ends_with_singles_losses(elastic, tmp_path, baseline_of):
     """Without elastic the restart keeps the node (the run needs both) and waits for it: brought
@@ -185,6 +186,7 @@ class _RequeuedJob:
         return type("T", (), {"paths": type("P", (), {"stdout": Path("/nonexistent")})()})()
 
 
+@pytest.mark.slow
 def test_a_job_slurm_requeued_after_a_node_failed_is_given_up_after_elastic_wait_s(tmp_path, monkeypatch):
     from suite.common.errors import RunFailed
     from suite.submit import follow, restart
@@ -227,6 +229,7 @@ class _TaskKilledJob(_NodeFailedJob):
         self.states = ["RUNNING", "FAILED"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job, cause", [(_NodeFailedJob, "NODE_FAIL"), (_TaskKilledJob, "rank 1 died")])
 def test_a_job_ended_by_a_node_failure_is_cancelled_so_slurm_cannot_run_it_again(job, cause, tmp_path, monkeypatch):
     """Seen in CI: the follower restarted a NODE_FAIL job as a new job, and Slurm requeued the old
@@ -248,6 +251,7 @@ def test_a_job_ended_by_a_node_failure_is_cancelled_so_slurm_cannot_run_it_again
     assert watch.failure.restartable and job.cancelled
 
 
+@pytest.mark.slow
 def test_a_requeued_job_squeue_never_listed_is_given_the_nodes_its_ranks_recorded(tmp_path, monkeypatch):
     """squeue may not list a job's nodes when the follower first sees it running, and sacct shows a
     requeued job's NodeList as "None assigned": the nodes its ranks recorded stand in."""
@@ -269,6 +273,7 @@ def test_a_requeued_job_squeue_never_listed_is_given_the_nodes_its_ranks_recorde
     assert restart._failed_nodes(watch.failure, "77") == ["n2"]
 
 
+@pytest.mark.slow
 def test_an_elastic_run_shrinks_to_the_most_nodes_left_that_divide_its_own():
     from suite.common.errors import SuiteError
     from suite.submit import elastic
@@ -306,6 +311,7 @@ def test_elastic_needs_slurm_restarts_and_a_neutral_checkpoint():
         recipes.validate({**raw, "strategy": {"name": "allreduce"}, "launch": {**slurm, "max_restarts": 1}})
 
 
+@pytest.mark.slow
 def test_a_down_node_of_the_job_is_the_one_lost_even_when_a_rank_on_a_live_node_reported_the_error(monkeypatch):
     """Rank 0 (on n1) fails in its collective because rank 1's node n2 died: the node to leave out
     is n2, which Slurm reports down, not the failing rank's n1."""
@@ -321,6 +327,7 @@ def test_a_down_node_of_the_job_is_the_one_lost_even_when_a_rank_on_a_live_node_
     assert restart._failed_nodes(peer_gone, "77") == ["n1"]
 
 
+@pytest.mark.slow
 def test_an_elastic_run_with_too_few_usable_nodes_shrinks_even_when_no_node_is_named(monkeypatch, tmp_path):
     from types import SimpleNamespace
 

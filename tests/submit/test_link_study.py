@@ -24,6 +24,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("ip") is None or shutil.which("tc") is None,
                        reason="no `ip`/`tc` (iproute2) to make namespaces and shape links"),
 ]
+pytestmark.append(pytest.mark.slow)  # and slow: every test here launches runs (docs/contributing.md)
 
 
 @pytest.mark.timeout(600)

@@ -38,6 +38,7 @@ def the_run(out):
 # baseline: single's losses on the parity recipe (fp64, as write_recipe's), once per session (tests/conftest.py)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["mpi", "torch"])
 def test_allreduce_under_mpirun_matches_single(transport, baseline, tmp_path):
     """Two ranks started by mpirun; the gradients through mpi4py's Allreduce or through gloo."""
@@ -53,6 +54,7 @@ def test_allreduce_under_mpirun_matches_single(transport, baseline, tmp_path):
     assert_matches([s["global_loss"] for s in steps], baseline)
 
 
+@pytest.mark.slow
 def test_a_bare_mpirun_of_suite_train_ends_cleanly(tmp_path):
     """``mpirun -np 2 python -m suite.train`` with MPI in use: the command ends without the
     interpreter's teardown (suite.common.exit), so MPI must be finalised before; mpirun reports a
@@ -77,6 +79,7 @@ def mpi_ranks_of(run_dir) -> list[int]:
     return [int(pid) for pid in found.stdout.split()]
 
 
+@pytest.mark.slow
 def test_a_rank_killed_under_mpirun_ends_the_job_at_once_naming_it(tmp_path):
     recipe = write_recipe(tmp_path, {"name": "allreduce", "transport": "mpi"})
     proc = submit(recipe, tmp_path / "runs", "training.max_steps=400", "training.epochs=100",
@@ -97,6 +100,7 @@ def test_a_rank_killed_under_mpirun_ends_the_job_at_once_naming_it(tmp_path):
     assert not mpi_ranks_of(run_dir)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_mpi_ranks_with_a_checkpoint(tmp_path):
     recipe = write_recipe(tmp_path, {"name": "allreduce", "transport": "mpi"})
     out = tmp_path / "runs"
@@ -124,6 +128,7 @@ def test_ctrl_c_stops_the_mpi_ranks_with_a_checkpoint(tmp_path):
 
 # ---- what is missing, and where MPI is not there -------------------------------------------------
 
+@pytest.mark.slow
 def test_a_missing_mpirun_is_one_line_naming_the_install(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     code = cli.main([write_recipe(tmp_path, {"name": "allreduce"}), "--out", str(tmp_path / "runs"), "--dry-run"])
@@ -132,6 +137,7 @@ def test_a_missing_mpirun_is_one_line_naming_the_install(tmp_path, monkeypatch, 
     assert "mpirun, which is not on PATH" in err and "apt-get install -y openmpi-bin libopenmpi-dev" in err
 
 
+@pytest.mark.slow
 def test_a_missing_mpi4py_is_one_line_naming_the_install_on_both_sides(tmp_path, monkeypatch, capsys):
     import importlib.util
 
@@ -191,6 +197,7 @@ def test_rank_and_world_come_from_the_mpi_launchers_variables(variables, expecte
 
 # ---- Slurm: srun --mpi=pmix ----------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("sinfo") is None, reason="no Slurm here (sinfo not found); .ci/run starts a local cluster")
 def test_allreduce_through_mpi_on_two_slurm_nodes_matches_single(baseline, tmp_path):
     """launch.mpi=true: submitit's srun starts the tasks with --mpi=pmix, one MPI world over 2 nodes."""
@@ -204,6 +211,7 @@ def test_allreduce_through_mpi_on_two_slurm_nodes_matches_single(baseline, tmp_p
     assert_matches([s["global_loss"] for s in steps], baseline)
 
 
+@pytest.mark.slow
 def test_a_slurm_without_pmix_is_one_line(tmp_path, monkeypatch):
     from suite.submit import mpi
 
@@ -218,6 +226,7 @@ def test_launch_mpi_is_for_slurm():
         make_recipe({"name": "allreduce"}, world_size=2, launch={"mpi": True})
 
 
+@pytest.mark.slow
 def test_mpirun_failing_before_any_rank_is_one_line_with_its_words(tmp_path, monkeypatch, capsys):
     from suite.submit import mpi
 

@@ -31,6 +31,7 @@ def status(run_dir: Path) -> str | None:
     return json.loads(path.read_text())["status"] if path.exists() else None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_sweeps_points_run_in_the_same_warm_ranks_and_learn_as_when_run_alone(tmp_path):
     proc = submit(tmp_path / "sweep", "sweep.training.seed=[3,4,5]")
@@ -49,6 +50,7 @@ def test_a_sweeps_points_run_in_the_same_warm_ranks_and_learn_as_when_run_alone(
     assert set(rank_pids(single_run)).isdisjoint(rank_pids(seed5))
 
 
+@pytest.mark.slow
 def test_after_a_strategy_with_process_wide_state_the_next_point_gets_new_ranks(tmp_path):
     assert not STRATEGIES["zero"].Options.reusable_process  # DeepSpeed keeps module-level state
     proc = submit(tmp_path, "sweep.strategy.name=[zero,ddp]", "training.max_steps=3")
@@ -59,6 +61,7 @@ def test_after_a_strategy_with_process_wide_state_the_next_point_gets_new_ranks(
     assert set(rank_pids(zero)).isdisjoint(rank_pids(ddp))
 
 
+@pytest.mark.slow
 def test_a_point_that_asks_a_process_for_other_fixed_settings_gets_new_ranks(tmp_path):
     """TensorFlow fixes its threads and logical devices when it starts: a TF point after one with
     other settings goes to a new pool, one with the same settings (or a torch point) to this one."""
@@ -99,6 +102,7 @@ def build(spec, fail: bool = False):
 '''
 
 
+@pytest.mark.slow
 def test_a_failed_point_ends_its_ranks_and_the_points_after_it_still_run(tmp_path):
     (tmp_path / "faulty_nets.py").write_text(FAULTY)
     recipe = yaml.safe_load(open("recipes/quickstart.yaml"))
@@ -120,6 +124,7 @@ def test_every_strategy_declares_warm_imports_that_exist():
             assert importlib.util.find_spec(warm) is not None, (name, warm)
 
 
+@pytest.mark.slow
 def test_polls_slow_down_while_ranks_train_and_a_stand_in_waits_without_polling():
     """The submitter polls every 50 ms at first (a short sweep point ends promptly), then backs
     off to 0.5 s; a stand-in blocks on its rank's pidfd and still runs its signal handlers."""
@@ -149,6 +154,7 @@ def test_polls_slow_down_while_ranks_train_and_a_stand_in_waits_without_polling(
         rank.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["warm ranks", "--no-wait"])
 def test_local_ranks_each_lead_a_session_of_their_own_as_torchruns_workers_do(how, tmp_path):

@@ -46,6 +46,7 @@ def cifar10(root):
     return base
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, named", [
     (lambda raw: (raw / "train-images-idx3-ubyte").write_bytes(os.urandom(4000)), "magic number"),
     (lambda raw: (raw / "train-images-idx3-ubyte").write_bytes((raw / "train-images-idx3-ubyte").read_bytes()[:-100]),
@@ -59,6 +60,7 @@ def test_a_damaged_mnist_file_is_named_before_launch(capsys, tmp_path, damage, n
     assert_one_line(code, err, "data file", named)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, named", [
     (lambda base: (base / "data_batch_3").write_bytes(b"not a pickle at all"), "data_batch_3 is not a pickled CIFAR file"),
     (lambda base: (base / "test_batch").unlink(), "test_batch is missing"),
@@ -73,6 +75,7 @@ def test_a_damaged_cifar_file_is_named_before_launch(capsys, tmp_path, damage, n
     assert_one_line(code, err, named)
 
 
+@pytest.mark.slow
 def test_standard_files_pass(capsys, tmp_path):
     mnist(tmp_path)
     code, err = dry_run(capsys, "data.name=mnist", f"data.root={tmp_path}", "training.batch_size=4")
@@ -81,25 +84,30 @@ def test_standard_files_pass(capsys, tmp_path):
 
 # ---- recipe against data, device and node ---------------------------------------------------
 
+@pytest.mark.slow
 def test_a_batch_larger_than_the_data_set_per_rank(capsys):
     assert_one_line(*dry_run(capsys, "training.batch_size=4000"), "training.batch_size=4000",
                     "1438 samples", "use training.batch_size <= 1438")
 
 
+@pytest.mark.slow
 def test_a_batch_larger_than_a_limited_data_set(capsys):
     assert_one_line(*dry_run(capsys, "data.limit_train=50"), "training.batch_size=64", "50 samples")
 
 
+@pytest.mark.slow
 def test_1f1b_needs_as_many_micro_batches_as_stages(capsys):
     code, err = dry_run(capsys, "strategy.name=pipeline", "strategy.schedule=1f1b", "strategy.micro_batches=1")
     assert_one_line(code, err, "strategy.schedule=1f1b", "strategy.micro_batches", "stages (2)")
 
 
+@pytest.mark.slow
 @no_gpu
 def test_cuda_without_a_gpu(capsys):
     assert_one_line(*dry_run(capsys, "launch.device=cuda"), "launch.device=cuda", "no GPU")
 
 
+@pytest.mark.slow
 @no_gpu
 @pytest.mark.parametrize("device", ["auto", "cpu"])
 def test_deepspeed_fp16_is_refused_wherever_the_ranks_run_on_cpu(capsys, device):
@@ -115,11 +123,13 @@ def test_torch_fp16_runs_on_cpu_with_loss_scaling(capsys):
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_a_model_beyond_the_node_s_memory_is_refused_unless_forced(capsys):
     assert_one_line(*dry_run(capsys, "model.hidden=[100000,100000]"), "model", "GiB per rank", "--force")
     assert dry_run(capsys, "model.hidden=[100000,100000]", "--force")[0] == 0
 
 
+@pytest.mark.slow
 def test_more_threads_than_cores_is_a_one_line_warning(capsys):
     cores = len(os.sched_getaffinity(0))
     code, err = dry_run(capsys, f"launch.tasks_per_node={cores + 1}", f"training.batch_size={64 * (cores + 1)}")
@@ -152,6 +162,7 @@ def test_the_report_marks_oversubscribed_rows():
 
 # ---- failed submission ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_refused_sbatch_leaves_a_failed_summary_not_a_bare_folder(tmp_path, monkeypatch):
     import submitit
 
@@ -175,6 +186,7 @@ def test_a_refused_sbatch_leaves_a_failed_summary_not_a_bare_folder(tmp_path, mo
 
 # ---- Slurm settings the cluster lacks (the real local Slurm) ----------------------------------
 
+@pytest.mark.slow
 @slurm
 @pytest.mark.parametrize("args, named", [
     (["launch.partition=nope"], ["launch.partition='nope'", "choose one of"]),
@@ -188,6 +200,7 @@ def test_slurm_settings_the_cluster_lacks_are_refused_before_submitting(capsys, 
     assert_one_line(*dry_run(capsys, "launch.executor=slurm", *args), *named)
 
 
+@pytest.mark.slow
 @slurm
 def test_slurm_settings_the_cluster_has_pass(capsys):
     code, err = dry_run(capsys, "launch.executor=slurm", "launch.partition=debug")

@@ -6,7 +6,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from suite.record.run_record import read_metrics
+
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
 
 
 # What users run: the recipe's own tracking (W&B offline), not the tests' WANDB_MODE=disabled.

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from suite.record import run_record
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 # 2 epochs of 22 steps, a checkpoint every 4 steps: a kill loses at most 3 steps.
 RUN = ["training.epochs=2", "training.checkpoint_every_steps=4", "training.log_every_steps=5"]
 STEPS = 44

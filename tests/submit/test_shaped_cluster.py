@@ -27,6 +27,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("ip") is None or shutil.which("tc") is None,
                        reason="no `ip`/`tc` (iproute2) to make namespaces and shape links"),
 ]
+pytestmark.append(pytest.mark.slow)  # and slow: every test here launches runs (docs/contributing.md)
 
 # A 2-rank all-reduce of 64 MiB, joined where every run joins (suite.train.dist.init); bus bandwidth
 # 2(n-1)/n x bytes / time, the median of 4.

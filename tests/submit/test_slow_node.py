@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.skipif(not (cpu_cap.CPU_ROOT / "cpu.cfs_quota_us").exists() or os.geteuid() != 0,
                        reason="needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu"),
 ]
+pytestmark.append(pytest.mark.slow)  # and slow: every test here launches runs (docs/contributing.md)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from suite.record.run_record import read_metrics
 
 pytestmark = pytest.mark.skipif(shutil.which("sinfo") is None,
                                 reason="no Slurm here (sinfo not found); .ci/run starts a local cluster")
+pytestmark = [pytestmark, pytest.mark.slow]  # and slow: every test here launches runs (docs/contributing.md)
 
 SHORT = ["training.epochs=2"]
 

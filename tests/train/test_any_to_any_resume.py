@@ -23,6 +23,8 @@ from suite.tasks import train as rank_task
 from tests.harness import run_ranks
 from tests.parity import TWO_DEVICES, assert_matches, make_recipe, tolerance
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 SECTIONS = {"optimizer": {"name": "adam", "lr": 0.01},
             "training": {"epochs": 1, "max_steps": 8, "batch_size": 32, "seed": 1, "log_every_steps": 2,
                          "checkpoint_every_steps": 4}}

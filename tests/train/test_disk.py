@@ -41,6 +41,7 @@ def test_an_out_folder_too_small_for_two_checkpoints_is_refused_naming_both_figu
     preflight.check(points, tmp_path)  # exactly enough passes
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_save_ends_the_run_in_one_line_with_the_last_checkpoint_intact(tmp_path):
     args = [sys.executable, "-m", "suite.submit", QUICKSTART, "--out", str(tmp_path), "training.epochs=1",
             "training.checkpoint_every_steps=4", "training.log_every_steps=2", "launch.tasks_per_node=2"]

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 FREE_AND_MEASURE = """
 import json, psutil, torch
 from suite.common import heap

@@ -59,6 +59,7 @@ def test_launch_interface_is_a_recipe_key():
     assert Launch().interface is None and Launch(interface="eth0").interface == "eth0"
 
 
+@pytest.mark.slow
 def test_a_missing_interface_fails_the_submission_before_training_with_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/quickstart.yaml", "--out", str(tmp_path),
                            "launch.interface=nosuch0"], capture_output=True, text=True, timeout=120)

@@ -13,6 +13,8 @@ from suite.record.run_record import read_metrics
 from tests.harness import run_ranks
 from tests.parity import make_recipe
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 RESUMABLE = dict(training={"epochs": 2, "batch_size": 32, "seed": 1, "log_every_steps": 2},
                  data={"name": "synthetic", "shape": [1, 8, 8], "classes": 10, "n_train": 256, "n_val": 64})
 

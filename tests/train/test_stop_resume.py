@@ -17,6 +17,8 @@ from tests.harness import interruptible, run_ranks
 from tests.parity import make_recipe
 from tests.train.test_resume import RESUMABLE, run_until_stopped, steps_by_number
 
+pytestmark = pytest.mark.slow  # every test here launches runs, ranks or commands (docs/contributing.md)
+
 LONG = ["training.epochs=40", "training.log_every_steps=5"]  # 880 steps of ~5 ms: time to interrupt
 
 

@@ -41,6 +41,7 @@ def _measurements(calls_file: Path) -> int:
     return len(calls_file.read_text().split()) if calls_file.exists() else 0
 
 
+@pytest.mark.slow
 def test_two_ranks_record_utilisation_throughput_and_mfu(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a cold peak cache: this run measures
     _count_measurements(monkeypatch, tmp_path / "measured.txt")
@@ -70,6 +71,7 @@ def test_two_ranks_record_utilisation_throughput_and_mfu(tmp_path, monkeypatch):
         "peak_flops_per_s"] == summary["peak_flops_per_s"]
 
 
+@pytest.mark.slow
 def test_a_configured_peak_gives_mfu_and_wins_over_measuring(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     _count_measurements(monkeypatch, tmp_path / "measured.txt")
@@ -81,6 +83,7 @@ def test_a_configured_peak_gives_mfu_and_wins_over_measuring(tmp_path, monkeypat
     assert _measurements(tmp_path / "measured.txt") == 0
 
 
+@pytest.mark.slow
 def test_measuring_the_peak_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     _count_measurements(monkeypatch, tmp_path / "measured.txt")
@@ -137,6 +140,7 @@ def _export_online(run_dir):
     return notice, time.time() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", [None, "a" * 40, "short"])
 def test_online_without_a_usable_key_or_a_server_falls_back_to_offline_within_seconds(tmp_path, monkeypatch, key):
     monkeypatch.delenv("WANDB_MODE", raising=False)
