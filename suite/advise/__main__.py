@@ -1,4 +1,4 @@
-"""``python -m suite.advise RECIPE --nodes N --per-node G [--hardware PROFILE|h100|a100] [--top K] [--weak-scaling] [--tensor-across-nodes] [--verify K] [--verbose] [key=value ...]``
+"""``python -m suite.advise RECIPE --nodes N --per-node G [--hardware PROFILE|h100|h200|a100|a100_40gb] [--top K] [--weak-scaling] [--tensor-across-nodes] [--verify K] [--verbose] [key=value ...]``
 
 Searches every strategy and its variants (data x tensor x pipeline degrees, HSDP replicas,
 micro-batches, ZeRO stages; activation checkpointing and gradient accumulation where a rank's
@@ -31,7 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--nodes", type=int, default=1, help="nodes in the cluster (default 1)")
     p.add_argument("--per-node", type=int, default=None, help="ranks (devices) per node (default: the recipe's "
                    "launch.tasks_per_node, or the preset's GPUs per node)")
-    p.add_argument("--hardware", default=None, help="h100, a100 (presets from specs), or a profile file from "
+    p.add_argument("--hardware", default=None, help="h100, h200, a100, a100_40gb (presets from specs), or a profile file from "
                    "python -m suite.calibrate --out; default: this host's calibration")
     p.add_argument("--top", type=int, default=5, help="configurations to print (default 5)")
     p.add_argument("--weak-scaling", action="store_true", help="keep the recipe's per-rank batch: the global batch "

@@ -113,7 +113,6 @@ def storage_key(tensor):
     return require_attr(storage, "_cdata", lib=LIB, what="the address of a storage's StorageImpl")
 
 
-@contextmanager
 def functional_collectives():
     """The operator namespace of torch's functional collectives (``torch.ops._c10d_functional``):
     selective activation checkpointing keeps a reduce-scatter's output by naming its op there,
@@ -123,6 +122,7 @@ def functional_collectives():
     return require_attr(torch.ops, "_c10d_functional", lib=LIB, what="functional collectives' ops")
 
 
+@contextmanager
 def fused_attention():
     """``F.scaled_dot_product_attention`` (no mask, no dropout) run as one fused flash-attention
     operator, ``aten._scaled_dot_product_flash_attention_for_cpu``, whatever the device: on the

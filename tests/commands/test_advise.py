@@ -115,4 +115,4 @@ def test_no_calibration_and_no_preset_is_one_line_naming_the_fix(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "python -m suite.calibrate" in proc.stderr
     proc = _run(["recipes/quickstart.yaml", "--hardware", "tpu9"], tmp_path)
-    assert proc.returncode == 2 and "presets: h100, a100" in proc.stderr
+    assert proc.returncode == 2 and "presets: h100, h200, a100, a100_40gb" in proc.stderr
