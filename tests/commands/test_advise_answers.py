@@ -13,6 +13,8 @@ import pytest
 from suite.planner import hardware, search, table
 from tests.commands.test_advise import _clean, _env
 
+pytestmark = pytest.mark.slow  # starts ranks or fake runs: not in the fast tier
+
 # A Llama of 4 blocks at sequence 256: its activations dwarf its weights, so checkpointing decides
 # whether it fits (the analytic rule on the bare model never applied checkpointing).
 LLAMA = {"name": "t", "model": {"name": "llama", "dim": 64, "layers": 4, "heads": 4, "kv_heads": 2},

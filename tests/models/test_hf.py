@@ -274,6 +274,8 @@ import json, sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+pytestmark = pytest.mark.slow  # starts ranks or fake runs: not in the fast tier
+
 torch.set_default_dtype(torch.float64)
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float64).eval()
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])

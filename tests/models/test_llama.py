@@ -145,6 +145,7 @@ def test_selective_checkpointing_recomputes_half_the_matmuls_and_no_attention(ch
     assert calls.count[sdpa] == 2 + (2 if checkpointing is True else 0)
 
 
+@pytest.mark.slow
 def test_the_tiny_recipe_runs_end_to_end(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "suite.submit", "recipes/llama_tiny.yaml", "--out", str(tmp_path),
                            "training.epochs=1", "tracking.wandb=disabled"], capture_output=True, text=True, timeout=300)

@@ -71,6 +71,7 @@ def test_torchtitans_llama3_8b_fsdp_on_8_h100_fits_and_is_predicted_within_15_pe
     assert got["memory_gib"] * 2**30 < hardware.load(row["hardware"])["memory_bytes"]  # it fits
 
 
+@pytest.mark.slow
 def test_the_fake_run_of_a_gpu_recipe_counts_its_ranks_own_operators():
     """FSDP's fake step on a GPU recipe: its matmuls and fused attention counted for the GPU's
     time, the optimizer's update on its shard among them."""

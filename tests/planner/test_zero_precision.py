@@ -42,6 +42,7 @@ MLP = {"name": "m", "model": {"name": "mlp", "hidden": [128, 128]}, "data": {"na
 
 
 @pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.slow
 def test_zeros_fake_step_runs_through_and_holds_what_its_rule_says(stage):
     """DeepSpeed reads a norm and its overflow flags during its step; the fake run answers them
     and runs on: its held bytes are the rule's (to DeepSpeed's padding), stage 1's gradients

@@ -6,6 +6,8 @@ import pytest
 from suite.common.errors import SuiteError
 from tests.parity import BASE, assert_matches, make_recipe, step_losses
 
+pytestmark = pytest.mark.slow  # starts ranks or fake runs: not in the fast tier
+
 # 4 query heads over 2 key/value heads: grouped-query attention is exercised, and tp 2 still
 # leaves each rank whole heads of both.
 LLAMA = {

@@ -19,6 +19,8 @@ from suite.train.rank import make_setup
 from tests.harness import run_ranks
 from tests.parity import BASE, make_recipe, step_losses
 
+pytestmark = pytest.mark.slow  # starts ranks or fake runs: not in the fast tier
+
 WORLD = 2
 CPU = torch.device("cpu")
 

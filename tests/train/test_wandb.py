@@ -21,6 +21,8 @@ from tests.harness import run_ranks
 from tests.parity import make_recipe, step_losses
 from tests.train.test_resume import RESUMABLE, crash_at_step_7_then_resume
 
+pytestmark = pytest.mark.slow  # starts ranks or fake runs: not in the fast tier
+
 
 def _records(run_dir, kind, rank):
     return [{k: v for k, v in r.items() if k not in ("kind", "rank")} for r in read_metrics(run_dir, kind, rank)]
