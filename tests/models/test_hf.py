@@ -23,6 +23,8 @@ from suite.models.task import Task
 from suite.submit import cli as submit
 from tests.parity import make_recipe, step_losses
 
+pytestmark = pytest.mark.slow  # starts ranks or fake runs: not in the fast tier
+
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = {"target": "suite.models.hf:from_config", "model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
@@ -205,7 +207,7 @@ def test_a_model_whose_step_fails_is_refused_at_dry_run_in_one_line(capsys, tmp_
 
 @pytest.mark.parametrize("model, strategy, expected", [
     ({"target": "suite.models.hf:from_config", **GPT2, "task": "language"}, {"name": "tensor"},
-     "error: strategy tensor has layouts for models mlp, transformer and for models that publish a tensor-parallel "
+     "error: strategy tensor has layouts for models mlp, transformer, llama and for models that publish a tensor-parallel "
      "plan; model.target=suite.models.hf:from_config publishes none: give one as model.tp_plan"),
     ({**LLAMA, "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 8}, {"name": "tensor"},
      "error: strategy.tp=2 must divide the model's num_key_value_heads=1"),
@@ -273,8 +275,6 @@ LOAD = r"""
 import json, sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-pytestmark = pytest.mark.slow  # starts ranks or fake runs: not in the fast tier
 
 torch.set_default_dtype(torch.float64)
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float64).eval()
