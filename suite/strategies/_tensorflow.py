@@ -57,6 +57,7 @@ TF_REFUSES = (
     Refused("training.grad_accumulation", (1,), "Keras steps once per batch"),
     Refused("training.max_steps", (None,), "the Keras runs train whole epochs (set training.epochs)"),
     Refused("training.checkpoint_every_steps", (0,), "the Keras runs save no checkpoints and cannot resume"),
+    Refused("training.fail_at", ("",), "a planned fault is injected by the suite's own loop, which the Keras runs do not use"),
     Refused("optimizer.schedule", ({},), "the Keras optimizer keeps optimizer.lr throughout",
             read=lambda r: r.optimizer.schedule.model_dump(exclude_defaults=True)),
     Refused("training.activation_checkpointing", (False,), "the Keras model keeps its activations"),

@@ -33,6 +33,7 @@ KEYS = {
     "training.sync_batchnorm": {"training": {"sync_batchnorm": False}},
     "training.checkpoint_every_steps": {"training": {"checkpoint_every_steps": 2}},
     "training.keep_final_weights": {"training": {"keep_final_weights": False}},
+    "training.fail_at": {"training": {"fail_at": "1:3@9"}},  # attempt 9: validated, never fires here
     "optimizer.weight_decay": {"optimizer": {"weight_decay": 0.01}},  # SGD with momentum 0.9
     "optimizer.weight_decay=adam": {"optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.01}},
     "data.augment": {"data": {"augment": {"hflip": True}}},
@@ -97,6 +98,8 @@ TORCH = {
     "training.checkpoint_every_steps": RESUME,
     # the loop's save after the last step (default on), left out when false
     "training.keep_final_weights": "tests/models/test_hf.py::test_a_run_told_not_to_keep_its_weights_keeps_none",
+    # the loop's planned fault (the same format as SCALESUITE_FAIL_AT), for every torch strategy
+    "training.fail_at": "tests/analysis/test_study_costs_faults.py::test_a_recipe_plans_a_fault_and_a_malformed_plan_is_refused",
     "optimizer.weight_decay": ASYNC,  # ModuleEngine's optimizer is setup.make_optimizer's, as DeepSpeed's
     "optimizer.weight_decay=adam": ASYNC,
     "data.augment": "tests/data/test_augment.py",
