@@ -12,6 +12,8 @@ optimizer state; the second is measured:
   state, the strategy's own buffers such as DDP's buckets) plus the most bytes of tensors
   created during the second step alive at once (``counting.LiveBytes``: storages counted once, freed
   when their last tensor goes), as a real run's ``peak_allocated_bytes`` counts them;
+- reserved bytes (GPU recipes): the second step's allocations and frees replayed through the
+  CUDA caching allocator's rules (``caching_allocator.replay``) on top of what the first left;
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions, this rank's
   local shards under DTensor);
 - collectives: every ``c10d`` and ``_c10d_functional`` op seen by a dispatch mode
@@ -35,7 +37,7 @@ import torch.distributed as dist
 from suite.compat import deepspeed as deepspeed_compat
 from suite.compat import torch as torch_compat
 from suite.models import empty
-from suite.planner import analytic
+from suite.planner import analytic, caching_allocator
 from suite.planner.counting import Collectives, LiveBytes, OpCosts, fake_batch
 from suite.planner.profile import StepProfile
 from torch.nn.parallel import DistributedDataParallel
@@ -116,8 +118,11 @@ def profile_step(recipe, world_size: int) -> StepProfile:
             inputs = inputs.to(dtype)
         engine.train_step(inputs, targets)  # creates the optimizer state
         start = built.alive_now()
-        comm, live, flops = Collectives(), LiveBytes(), FlopCounterMode(display=False)
-        ops = OpCosts() if uses_cuda(recipe.launch.device) else nullcontext()  # priced on a GPU profile
+        persistent = built.alive_sizes()
+        gpu = uses_cuda(recipe.launch.device)
+        live = LiveBytes(side_streams=getattr(recipe.strategy, "side_stream_collectives", ()) if gpu else None)
+        comm, flops = Collectives(), FlopCounterMode(display=False)
+        ops = OpCosts() if gpu else nullcontext()  # priced on a GPU profile
         with flops, live, comm, ops:
             engine.train_step(inputs, targets)
         held = {k: int(v) for k, v in engine.held_bytes().items()}
@@ -129,8 +134,11 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     # Which of its collectives are batch norm's, over the data-parallel ranks whatever group the
     # strategy declares for their kind: counted by the rule (the fake run sees kinds only).
     data_comm = analytic.data_comm(recipe)
+    peak = int(start + live.peak)
+    # On a GPU: the step replayed through the caching allocator's rules on what the build left
+    reserved = max(peak, caching_allocator.replay(live.events(), persistent)["reserved_bytes"]) if gpu else None
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
-                       peak_bytes=int(start + live.peak), flops=int(flops.get_total_flops()),
+                       peak_bytes=peak, reserved_bytes=reserved, flops=int(flops.get_total_flops()),
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
                        comm_sizes=comm.sizes,
                        data_comm=data_comm, copy_bytes=analytic.copy_bytes(recipe, comm.bytes, data_comm),

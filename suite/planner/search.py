@@ -229,9 +229,10 @@ def fit(candidates: list[Candidate], raw: dict, launch: dict, memory_bytes: int,
             sized.append(c)
         sizer.size(sized)
         for c in sized:
-            fits = c.profile.peak_bytes <= memory_bytes
-            c.excluded = "" if fits else (f"does not fit: {c.profile.peak_bytes / 2**30:.2f} GiB per rank at its "
-                                          f"peak, {memory_bytes / 2**30:.2f} GiB available")
+            fits = c.profile.fit_bytes <= memory_bytes
+            what = "reserved" if c.profile.reserved_bytes is not None else "at its peak"
+            c.excluded = "" if fits else (f"does not fit: {c.profile.fit_bytes / 2**30:.2f} GiB per rank {what}, "
+                                          f"{memory_bytes / 2**30:.2f} GiB available")
             if fits:
                 c.tries = []
         trying = [c for c in sized if c.tries]
