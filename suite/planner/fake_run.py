@@ -37,7 +37,7 @@ import torch.distributed as dist
 from suite.compat import deepspeed as deepspeed_compat
 from suite.compat import torch as torch_compat
 from suite.models import empty
-from suite.planner import analytic, caching_allocator
+from suite.planner import analytic, caching_allocator, depth
 from suite.planner.counting import Collectives, LiveBytes, OpCosts, fake_batch
 from suite.planner.profile import StepProfile
 from torch.nn.parallel import DistributedDataParallel
@@ -181,18 +181,29 @@ def _child(recipe, world_size, conn, try_fake, quiet) -> None:
 
 class Job:
     """``plan_point`` in a forked child: the fake process group and the patched globals die
-    with it. ``poll()`` is None while it runs, then ("ok", StepProfile) or ("error", line)."""
+    with it. ``poll()`` is None while it runs, then ("ok", StepProfile) or ("error", line).
 
-    def __init__(self, recipe, world_size: int, timeout_s: float, try_fake: bool = False, quiet: bool = False):
+    A deep stack of identical blocks (``suite.planner.depth``) is run as its copies at 1, 2 and
+    3 blocks, one child after another, and extrapolated to its depth, exactly; where the copies
+    are not linear in depth, or one is not a fake run, the model runs at its own depth after them."""
 
-        context = multiprocessing.get_context("fork")  # the parent's imports (torch) come for free
-        self._conn, child_end = context.Pipe(duplex=False)
-        self.process = context.Process(target=_child, args=(recipe, world_size, child_end, try_fake, quiet), daemon=True)
+    def __init__(self, recipe, world_size: int, timeout_s: float, try_fake: bool = False, quiet: bool = False,
+                 whole: bool = False):
+        self.recipe, self.world_size, self.try_fake, self.quiet = recipe, world_size, try_fake, quiet
         self.started = time.monotonic()
         self.timeout_s = timeout_s
+        self.result = None
+        self._shallow: list[dict] = []
+        self._depths = list(depth.DEPTHS) if depth.reducible(recipe) and not whole else []  # whole: as written
+        self._start(depth.at_depth(recipe, self._depths[0]) if self._depths else recipe)
+
+    def _start(self, recipe) -> None:
+        context = multiprocessing.get_context("fork")  # the parent's imports (torch) come for free
+        self._conn, child_end = context.Pipe(duplex=False)
+        self.process = context.Process(target=_child, args=(recipe, self.world_size, child_end, self.try_fake, self.quiet),
+                                       daemon=True)
         self.process.start()
         child_end.close()
-        self.result = None
 
     @property
     def elapsed_s(self) -> float:
@@ -201,21 +212,45 @@ class Job:
     def poll(self):
         if self.result is not None:
             return self.result
+        result = None
         if self._conn.poll():
             try:
                 status, payload, *_ = self._conn.recv()
             except EOFError:
                 status, payload = "error", "the child died without a word"
-            self.result = (status, StepProfile.from_dict(payload) if status == "ok" else payload)
+            result = (status, payload)
         elif not self.process.is_alive():
-            self.result = ("error", f"the child exited with code {self.process.exitcode}")
+            result = ("error", f"the child exited with code {self.process.exitcode}")
         elif self.elapsed_s > self.timeout_s:
             self.process.kill()
-            self.result = ("error", f"timed out after {self.timeout_s:.0f} s")
-        if self.result is not None:
-            self.process.join(5)
+            result = ("error", f"timed out after {self.timeout_s:.0f} s")
+        if result is None:
+            return None
+        self.process.join(5)
+        if self._depths and self.elapsed_s <= self.timeout_s:
+            return self._next_depth(*result)
+        self.result = (result[0], StepProfile.from_dict(result[1]) if result[0] == "ok" else result[1])
         return self.result
 
+    def _next_depth(self, status, payload):
+        """A shallow copy's result in: start the next copy, or extrapolate, or run the model as written."""
+        if status == "ok" and payload["source"] == "fake":
+            self._shallow.append(payload)
+            if len(self._shallow) < len(self._depths):
+                self._start(depth.at_depth(self.recipe, self._depths[len(self._shallow)]))
+                return None
+            try:
+                profile = depth.extrapolate(self._shallow, self.recipe.model.layers)
+                notes = [profile["notes"]] if profile["notes"] else []
+                profile["notes"] = "; ".join(notes + [f"copies at {', '.join(map(str, self._depths))} blocks "
+                                                      f"extrapolated to {self.recipe.model.layers}"])
+                self.result = ("ok", StepProfile.from_dict(profile))
+                return self.result
+            except depth.NotLinear:
+                pass
+        self._depths = []  # the model as written
+        self._start(self.recipe)
+        return None
 
 def run_all(items, start, jobs: int = 2):
     """``start(item)`` (a ``Job``) for each item, ``jobs`` at a time; yields (item, job, result) as
@@ -234,9 +269,9 @@ def run_all(items, start, jobs: int = 2):
                 yield item, job, result
 
 
-def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool = False):
-    """``plan_point`` in its own forked process: ("ok", StepProfile) or ("error", one line)."""
-    job = Job(recipe, world_size, timeout_s, try_fake)
+def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool = False, whole: bool = False):
+    """``plan_point`` in its own forked process (``Job``): ("ok", StepProfile) or ("error", one line)."""
+    job = Job(recipe, world_size, timeout_s, try_fake, whole=whole)
     while job.poll() is None:
         time.sleep(0.05)
     return job.result
