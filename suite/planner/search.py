@@ -197,7 +197,10 @@ def _start(raw, label, section, launch, weak_scaling, per_rank) -> Candidate:
         batch = _batch(raw, section, launch, weak_scaling, per_rank)
     except SuiteError as e:
         return Candidate(label, section, excluded=str(e))
-    tries = [(False, 1), ("selective", 1), (True, 1)] + [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
+    levels = [False, "selective", True]  # activation checkpointing, from none to every block
+    own = (raw.get("training") or {}).get("activation_checkpointing", False)
+    tries = [(level, 1) for level in levels[levels.index(own) if own in levels else 0:]]  # as written, then more
+    tries += [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
     return Candidate(label, section, batch_size=batch, tries=tries)
 
 
