@@ -164,8 +164,10 @@ def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
     return analytic.profile(at_world(recipe, world_size), world_size, reason)
 
 
-def _child(recipe, world_size, conn, try_fake, quiet) -> None:
+def _child(recipe, world_size, conn, try_fake, quiet, layers=None) -> None:
     torch.set_num_threads(1)
+    if layers is not None:  # a shallow copy, made here: validating it touches the model's globals
+        recipe = depth.at_depth(recipe, layers)
     if quiet:  # what the real code prints on its way to failing on fake tensors: the parent says it in one line
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -195,12 +197,13 @@ class Job:
         self.result = None
         self._shallow: list[dict] = []
         self._depths = list(depth.DEPTHS) if depth.reducible(recipe) and not whole else []  # whole: as written
-        self._start(depth.at_depth(recipe, self._depths[0]) if self._depths else recipe)
+        self._start(self._depths[0] if self._depths else None)
 
-    def _start(self, recipe) -> None:
+    def _start(self, layers) -> None:
+        recipe = self.recipe
         context = multiprocessing.get_context("fork")  # the parent's imports (torch) come for free
         self._conn, child_end = context.Pipe(duplex=False)
-        self.process = context.Process(target=_child, args=(recipe, self.world_size, child_end, self.try_fake, self.quiet),
+        self.process = context.Process(target=_child, args=(recipe, self.world_size, child_end, self.try_fake, self.quiet, layers),
                                        daemon=True)
         self.process.start()
         child_end.close()
@@ -237,7 +240,7 @@ class Job:
         if status == "ok" and payload["source"] == "fake":
             self._shallow.append(payload)
             if len(self._shallow) < len(self._depths):
-                self._start(depth.at_depth(self.recipe, self._depths[len(self._shallow)]))
+                self._start(self._depths[len(self._shallow)])
                 return None
             try:
                 profile = depth.extrapolate(self._shallow, self.recipe.model.layers)
@@ -249,7 +252,7 @@ class Job:
             except depth.NotLinear:
                 pass
         self._depths = []  # the model as written
-        self._start(self.recipe)
+        self._start(None)
         return None
 
 def run_all(items, start, jobs: int = 2):
