@@ -6,7 +6,9 @@ check it on runs it was not built on.
 A row: the model (a recipe's ``model`` section), the sequence length, precision, the strategy
 section, GPUs, the profile (a preset or a profile file), the global batch and checkpointing; and
 what was published: ``tokens_per_s_per_gpu`` (or ``tflops_per_gpu`` with the FLOPs per token the
-source counts, converted to tokens), ``memory_gib`` (peak per GPU), ``states_gb`` (ZeRO's model
+source counts, converted to tokens), ``memory_gib`` (peak per GPU, with ``memory_kind``: what the
+source's figure counts, ``reserved`` by PyTorch's caching allocator, as torchtitan logs
+``torch.cuda.max_memory_reserved``, or ``allocated``), ``states_gb`` (ZeRO's model
 states per GPU: parameters, gradients, optimizer state).
 """
 from __future__ import annotations
@@ -46,7 +48,7 @@ ROWS = [
     {"group": "dev", "name": "torchtitan Llama 3.1 8B, FSDP, 8 H100 (96 GB, 500 W)", "model": LLAMA3_8B,
      "vocab": 128256, "seq": 8192, "precision": "bf16", "strategy": {"name": "fsdp", "mixed_precision": "bf16"},
      "gpus": 8, "hardware": TORCHTITAN_H100, "batch": 16, "checkpointing": "selective",
-     "tokens_per_s_per_gpu": 5762, "memory_gib": 82.4, "published": "5,762 tok/s/GPU, 82.4 GiB",
+     "tokens_per_s_per_gpu": 5762, "memory_gib": 82.4, "memory_kind": "reserved", "published": "5,762 tok/s/GPU, 82.4 GiB",
      "source": f"{TORCHTITAN}, Table 1 (FSDP, no compile)"},
     {"group": "dev", "name": "torchtitan Llama 3 8B, FSDP, 64 A100, selective op AC", "model": LLAMA3_8B,
      "vocab": 128256, "seq": 8192, "precision": "bf16", "strategy": {"name": "fsdp", "mixed_precision": "bf16"},

@@ -1,7 +1,8 @@
 """Published: training runs from papers and reports (``published_runs.py``), each predicted by the
 planner on its hardware's profile (a preset from specs, or the profile file of the variant the
-run used) with nothing measured here: tokens/s per GPU and peak memory per GPU, or ZeRO's model
-states, beside what was published. The rows looked at while the model was built (dev) and the
+run used) with nothing measured here: tokens/s per GPU and peak memory per GPU (reserved by the
+caching allocator or allocated, as the source counts it), or ZeRO's model states, beside what was
+published. The rows looked at while the model was built (dev) and the
 held-out rows are reported apart. Predictions only: no timing on this machine."""
 from __future__ import annotations
 
@@ -32,9 +33,13 @@ def predict(row: dict) -> dict:
     recipe = recipe_of(row)
     profile = analytic.profile(recipe, row["gpus"], "published row")
     step = timing.predict_step_time(profile, hardware.load(row["hardware"]), timing.options_of(recipe))
+    reserved = row.get("memory_kind") == "reserved"  # compared like with like (published_runs' doc)
+    if reserved and profile.reserved_bytes is None:
+        raise SystemExit(f"published row {row['name']!r}: no reserved bytes predicted (a GPU profile predicts them)")
     return {"tokens_per_s_per_gpu": row["batch"] * row["seq"] / step["step_s"] / row["gpus"],
-            "memory_gib": profile.peak_bytes / 2**30, "states_gb": sum(profile.held_bytes.values()) / 1e9,
-            "step": step}
+            "memory_gib": (profile.reserved_bytes if reserved else profile.peak_bytes) / 2**30,
+            "allocated_gib": profile.peak_bytes / 2**30, "reserved_gib": (profile.reserved_bytes or 0) / 2**30,
+            "states_gb": sum(profile.held_bytes.values()) / 1e9, "step": step}
 
 
 def _error(predicted: float, published: float) -> float:
@@ -54,8 +59,11 @@ def run(bench: Bench) -> Section:
                 if key in row:
                     e = _error(got[key], row[key])
                     errors.setdefault((group, "memory" if key != "tokens_per_s_per_gpu" else "throughput"), []).append(e)
-                    cells.append(f"{key.split('_')[0]}: {got[key]:,.{0 if got[key] > 100 else 2}f} {unit} vs "
+                    what = f"memory {row.get('memory_kind', 'allocated')}" if key == "memory_gib" else key.split('_')[0]
+                    cells.append(f"{what}: {got[key]:,.{0 if got[key] > 100 else 2}f} {unit} vs "
                                  f"{row[key]:,.{0 if row[key] > 100 else 2}f} ({e:+.0%})")
+            if "memory_gib" in row:  # both figures, whichever the source reports
+                cells.append(f"predicted allocated {got['allocated_gib']:.2f} GiB, reserved {got['reserved_gib']:.2f} GiB")
             gpu = got["step"].get("gpu_s") or {}
             table.append([row["name"], row["precision"], _degrees(row), row["batch"], row["checkpointing"],
                           f"{row['gpus']} x {_hardware(row)}", row["published"], "; ".join(cells),

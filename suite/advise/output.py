@@ -37,6 +37,7 @@ def rows(candidates, within: float) -> list[dict]:
                     "samples_per_s": f"{t['samples_per_s']:.4g}" if t.get("samples_per_s") else "",
                     "compute_ms": _ms(t["compute_s"]), "exposed_comm_ms": _ms(t["exposed_comm_s"]),
                     "bubble": f"{t['bubble']:.2f}", "peak_gib": f"{c.profile.peak_bytes / 2**30:.3g}",
+                    "reserved_gib": "" if c.profile.reserved_bytes is None else f"{c.profile.reserved_bytes / 2**30:.3g}",
                     "source": c.profile.source, "overrides": " ".join(c.overrides),
                     "launch": f"launch.nodes={c.recipe.launch.nodes} launch.tasks_per_node={c.recipe.launch.tasks_per_node}",
                     "not_settled_with": "" if j is None else str(j + 1)})
@@ -72,11 +73,11 @@ def markdown(candidates, table, raw, profile, args, per_node, memory_what, withi
     if table:
         lines += [f"## Best {min(args.top, len(table))} of {len(table)} that fit, by predicted samples/s", "",
                   "| # | configuration | step ms | samples/s | not settled against | compute ms | exposed comm ms | bubble "
-                  "| peak GiB/rank | profile | run it with |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| peak GiB/rank | reserved GiB/rank | profile | run it with |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for i, r in enumerate(table[:args.top], 1):
             against = f"≈ #{r['not_settled_with']}" if r["not_settled_with"] else ""
             lines.append(f"| {i} | {r['configuration']} | {r['step_ms']} | {r['samples_per_s']} | {against} | {r['compute_ms']} | "
-                         f"{r['exposed_comm_ms']} | {r['bubble']} | {r['peak_gib']} | {r['source']} | "
+                         f"{r['exposed_comm_ms']} | {r['bubble']} | {r['peak_gib']} | {r['reserved_gib'] or '-'} | {r['source']} | "
                          f"`{r['overrides']} {r['launch']}` |")
         lines += ["", f"≈ #k: predicted within {within:.0%} of #k's throughput, closer than the time model can order two "
                   f"configurations. That band: {band_source}. On the suite's benchmark a third of the pairs predicted "

@@ -92,7 +92,7 @@ def model_step(recipe) -> dict:
                 i, block_flops[i] + flops.get_total_flops())))
         for _ in range(2):
             block_flops[:] = [0] * len(blocks)
-            flops, passes, update = FlopCounterMode(display=False), LiveBytes(), LiveBytes()
+            flops, passes, update = FlopCounterMode(display=False), LiveBytes(() if gpu else None), LiveBytes()
             pass_ops, update_ops = (OpCosts(), OpCosts()) if gpu else (nullcontext(), nullcontext())
             with flops, passes, pass_ops:
                 loss = setup.task.loss(runs(inputs), inputs, targets)
@@ -115,6 +115,7 @@ def model_step(recipe) -> dict:
             "linears": [[name, *io] for name, io in linears.items()],
             "ops": {"passes": pass_ops.summary(layout.accumulation_steps), "update": update_ops.summary()} if gpu else {},
             "tensor_roles": sorted(published_roles(model).items()),
+            "pass_events": passes.events(),  # on a GPU: the passes' allocations, for the caching allocator
             "batchnorm_channels": [m.num_features for m in model.modules() if isinstance(
                 m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm))]}
 
@@ -283,12 +284,37 @@ def profile(recipe, world_size: int, reason: str, step: dict | None = None) -> S
              "(activations, gathered units) and the optimizer's update (its temporaries)"]
     if stages > 1:
         notes.append("messages between stages sized by the largest top-level block's output")
+    peak = int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient)
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
-                       peak_bytes=int(sum(held.values()) + persistent_buffers(recipe, stage_bytes) + transient),
+                       peak_bytes=peak, reserved_bytes=reserved_bytes(recipe, step, peak, parts, comm),
                        flops=_rank_flops(step, parts, share), samples=recipe.training.batch_size,
                        comm_bytes=comm_bytes, comm_calls={k: c for k, (_, c) in comm.items()}, data_comm=over_data,
                        copy_bytes=copy_bytes(recipe, comm_bytes, over_data), source="analytic", notes="; ".join(notes),
                        stage_share=share, ops=_rank_ops(step, estimate, parts, share))
+
+
+def reserved_bytes(recipe, step: dict, peak: int, parts: int, comm: dict) -> int | None:
+    """On a GPU, what the caching allocator reserves (``StepProfile.reserved_bytes``): ``peak``
+    plus what the passes' allocations, replayed through its rules (``caching_allocator``), reserve
+    beyond their own peak (rounding, fragmentation), plus what each of the strategy's side streams
+    keeps cached for its collectives' buffers, a call's buffer per unit, two in flight."""
+    if not step.get("pass_events"):
+        return None
+    from suite.planner import caching_allocator  # start-up: loads suite.planner only when this runs
+
+    events = [(e[0], e[1], e[2] // parts, e[3]) if e[0] == "alloc" else e for e in step["pass_events"]]
+    passes = caching_allocator.replay(events)
+    side = 0
+    units = list(step.get("units") or ()) or [step["parameter_bytes"]]
+    for kind in getattr(recipe.strategy, "side_stream_collectives", ()):
+        sent, calls = comm.get(kind, (0, 0))
+        if not sent:
+            continue
+        rounds = max(1, calls // len(units))  # e.g. a gather per unit before forward and before backward
+        scale = sent / (rounds * sum(units))  # the bytes a call moves per byte of its unit
+        sizes = [int(u * scale) for u in units] * rounds
+        side += caching_allocator.replay(caching_allocator.one_after_another(sizes, kind))["reserved_bytes"]
+    return peak + passes["reserved_bytes"] - passes["requested_bytes"] + side
 
 
 def _rank_ops(step: dict, estimate: dict, parts: int, share: float | None) -> dict:

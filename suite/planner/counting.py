@@ -55,16 +55,14 @@ class Collectives(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.namespace in ("c10d", "_c10d_functional"):
-            name = func.__name__.split(".")[0]
-            known = _COLLECTIVES.get(name) or _COLLECTIVES.get(name.rstrip("_"))
-            if known:
-                kind, which = known
-                n = self._message_bytes(func, which, args, out)
-                self.calls[kind] = self.calls.get(kind, 0) + 1
-                self.bytes[kind] = self.bytes.get(kind, 0) + n
-                sizes = self.sizes.setdefault(kind, {})
-                sizes[str(n)] = sizes.get(str(n), 0) + 1
+        known = _collective(func)
+        if known:
+            kind, which = known
+            n = self._message_bytes(func, which, args, out)
+            self.calls[kind] = self.calls.get(kind, 0) + 1
+            self.bytes[kind] = self.bytes.get(kind, 0) + n
+            sizes = self.sizes.setdefault(kind, {})
+            sizes[str(n)] = sizes.get(str(n), 0) + 1
         return out
 
     @staticmethod
@@ -83,16 +81,39 @@ class Collectives(TorchDispatchMode):
         return _nbytes(_tensors(args[1] if separate else args[0]))
 
 
+def _collective(func) -> tuple[str, str] | None:
+    """(kind, which tensors are the message) of a c10d or functional collective op; else None."""
+    if func.namespace not in ("c10d", "_c10d_functional"):
+        return None
+    name = func.__name__.split(".")[0]
+    return _COLLECTIVES.get(name) or _COLLECTIVES.get(name.rstrip("_"))
+
+
+def collective_kind(func) -> str | None:
+    """The planner's kind of a collective op (``all_gather``, ...); None for any other op."""
+    known = _collective(func)
+    return known[0] if known else None
+
+
 class LiveBytes(TorchDispatchMode):
     """The most bytes of storages created under this mode alive at once; a storage counts once
     (views share it) and leaves when it is freed. An op's output on one of its inputs' storages
     (an in-place update, a view, ``out=``) creates nothing: the optimizer's in-place step on the
-    parameters and its state counted them as new, 66 MiB too many for an MLP of 22 MiB."""
+    parameters and its state counted them as new, 66 MiB too many for an MLP of 22 MiB.
 
-    def __init__(self):
+    ``side_streams``: where given, the collective kinds whose buffers the strategy allocates on
+    a stream of their own (FSDP2's all-gather and reduce-scatter), and ``events()`` then gives
+    the allocations and frees in order, each storage on the stream of the collective that used
+    it (else ``compute``), for ``suite.planner.caching_allocator.replay``."""
+
+    def __init__(self, side_streams=None):
         super().__init__()
         self.live = self.peak = 0
         self._seen: dict[int, weakref.ref] = {}
+        self._log = [] if side_streams is not None else None
+        self._side_streams = frozenset(side_streams or ())
+        self._serial: dict[int, int] = {}  # storage key -> its allocation's number in the log
+        self._stream: dict[int, str] = {}  # allocation number -> a side stream
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -106,7 +127,19 @@ class LiveBytes(TorchDispatchMode):
             self._seen[key] = weakref.ref(storage, self._freed(key, size))
             self.live += size
             self.peak = max(self.peak, self.live)
+            if self._log is not None:
+                self._serial[key] = len(self._log)
+                self._log.append(["alloc", len(self._log), size, "compute"])
+        if self._log is not None and (kind := collective_kind(func)) in self._side_streams:
+            for key in inputs | {torch_compat.storage_key(t) for t in _tensors(out)}:
+                if key in self._serial:
+                    self._stream[self._serial[key]] = kind
         return out
+
+    def events(self) -> list[tuple]:
+        """The allocations and frees seen, in order (the class doc)."""
+        return [("alloc", e[1], e[2], self._stream.get(e[1], e[3])) if e[0] == "alloc" else tuple(e)
+                for e in self._log or ()]
 
     def alive_now(self) -> int:
         """Bytes of the storages created under this mode that are still alive, at their size now:
@@ -114,10 +147,17 @@ class LiveBytes(TorchDispatchMode):
         storages = (ref() for ref in list(self._seen.values()))
         return sum(s.nbytes() for s in storages if s is not None)
 
+    def alive_sizes(self) -> list[int]:
+        """Each still-alive storage's bytes now (``alive_now``'s parts)."""
+        storages = (ref() for ref in list(self._seen.values()))
+        return [s.nbytes() for s in storages if s is not None and s.nbytes()]
+
     def _freed(self, key, size):
         def callback(_):
             self.live -= size
             self._seen.pop(key, None)
+            if self._log is not None and key in self._serial:
+                self._log.append(("free", self._serial.pop(key)))
         return callback
 
 

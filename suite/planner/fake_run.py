@@ -12,6 +12,8 @@ optimizer state; the second is measured:
   state, the strategy's own buffers such as DDP's buckets) plus the most bytes of tensors
   created during the second step alive at once (``counting.LiveBytes``: storages counted once, freed
   when their last tensor goes), as a real run's ``peak_allocated_bytes`` counts them;
+- reserved bytes (GPU recipes): the second step's allocations and frees replayed through the
+  CUDA caching allocator's rules (``caching_allocator.replay``) on top of what the first left;
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions, this rank's
   local shards under DTensor);
 - collectives: every ``c10d`` and ``_c10d_functional`` op seen by a dispatch mode
@@ -35,7 +37,7 @@ import torch.distributed as dist
 from suite.compat import deepspeed as deepspeed_compat
 from suite.compat import torch as torch_compat
 from suite.models import empty
-from suite.planner import analytic
+from suite.planner import analytic, caching_allocator, depth
 from suite.planner.counting import Collectives, LiveBytes, OpCosts, fake_batch
 from suite.planner.profile import StepProfile
 from torch.nn.parallel import DistributedDataParallel
@@ -110,8 +112,11 @@ def profile_step(recipe, world_size: int) -> StepProfile:
             inputs = inputs.to(dtype)
         engine.train_step(inputs, targets)  # creates the optimizer state
         start = built.alive_now()
-        comm, live, flops = Collectives(), LiveBytes(), FlopCounterMode(display=False)
-        ops = OpCosts() if uses_cuda(recipe.launch.device) else nullcontext()  # priced on a GPU profile
+        persistent = built.alive_sizes()
+        gpu = uses_cuda(recipe.launch.device)
+        live = LiveBytes(side_streams=getattr(recipe.strategy, "side_stream_collectives", ()) if gpu else None)
+        comm, flops = Collectives(), FlopCounterMode(display=False)
+        ops = OpCosts() if gpu else nullcontext()  # priced on a GPU profile
         with flops, live, comm, ops:
             engine.train_step(inputs, targets)
         held = {k: int(v) for k, v in engine.held_bytes().items()}
@@ -123,8 +128,11 @@ def profile_step(recipe, world_size: int) -> StepProfile:
     # Which of its collectives are batch norm's, over the data-parallel ranks whatever group the
     # strategy declares for their kind: counted by the rule (the fake run sees kinds only).
     data_comm = analytic.data_comm(recipe)
+    peak = int(start + live.peak)
+    # On a GPU: the step replayed through the caching allocator's rules on what the build left
+    reserved = max(peak, caching_allocator.replay(live.events(), persistent)["reserved_bytes"]) if gpu else None
     return StepProfile(strategy=recipe.strategy.name, world_size=world_size, held_bytes=held,
-                       peak_bytes=int(start + live.peak), flops=int(flops.get_total_flops()),
+                       peak_bytes=peak, reserved_bytes=reserved, flops=int(flops.get_total_flops()),
                        samples=recipe.training.batch_size, comm_bytes=comm.bytes, comm_calls=comm.calls,
                        comm_sizes=comm.sizes,
                        data_comm=data_comm, copy_bytes=analytic.copy_bytes(recipe, comm.bytes, data_comm),
@@ -150,8 +158,10 @@ def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
     return analytic.profile(at_world(recipe, world_size), world_size, reason)
 
 
-def _child(recipe, world_size, conn, try_fake, quiet) -> None:
+def _child(recipe, world_size, conn, try_fake, quiet, layers=None) -> None:
     torch.set_num_threads(1)
+    if layers is not None:  # a shallow copy, made here: validating it touches the model's globals
+        recipe = depth.at_depth(recipe, layers)
     if quiet:  # what the real code prints on its way to failing on fake tensors: the parent says it in one line
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -167,18 +177,30 @@ def _child(recipe, world_size, conn, try_fake, quiet) -> None:
 
 class Job:
     """``plan_point`` in a forked child: the fake process group and the patched globals die
-    with it. ``poll()`` is None while it runs, then ("ok", StepProfile) or ("error", line)."""
+    with it. ``poll()`` is None while it runs, then ("ok", StepProfile) or ("error", line).
 
-    def __init__(self, recipe, world_size: int, timeout_s: float, try_fake: bool = False, quiet: bool = False):
+    A deep stack of identical blocks (``suite.planner.depth``) is run as its copies at 1, 2 and
+    3 blocks, one child after another, and extrapolated to its depth, exactly; where the copies
+    are not linear in depth, or one is not a fake run, the model runs at its own depth after them."""
 
-        context = multiprocessing.get_context("fork")  # the parent's imports (torch) come for free
-        self._conn, child_end = context.Pipe(duplex=False)
-        self.process = context.Process(target=_child, args=(recipe, world_size, child_end, try_fake, quiet), daemon=True)
+    def __init__(self, recipe, world_size: int, timeout_s: float, try_fake: bool = False, quiet: bool = False,
+                 whole: bool = False):
+        self.recipe, self.world_size, self.try_fake, self.quiet = recipe, world_size, try_fake, quiet
         self.started = time.monotonic()
         self.timeout_s = timeout_s
+        self.result = None
+        self._shallow: list[dict] = []
+        self._depths = list(depth.DEPTHS) if depth.reducible(recipe) and not whole else []  # whole: as written
+        self._start(self._depths[0] if self._depths else None)
+
+    def _start(self, layers) -> None:
+        recipe = self.recipe
+        context = multiprocessing.get_context("fork")  # the parent's imports (torch) come for free
+        self._conn, child_end = context.Pipe(duplex=False)
+        self.process = context.Process(target=_child, args=(recipe, self.world_size, child_end, self.try_fake, self.quiet, layers),
+                                       daemon=True)
         self.process.start()
         child_end.close()
-        self.result = None
 
     @property
     def elapsed_s(self) -> float:
@@ -187,21 +209,45 @@ class Job:
     def poll(self):
         if self.result is not None:
             return self.result
+        result = None
         if self._conn.poll():
             try:
                 status, payload, *_ = self._conn.recv()
             except EOFError:
                 status, payload = "error", "the child died without a word"
-            self.result = (status, StepProfile.from_dict(payload) if status == "ok" else payload)
+            result = (status, payload)
         elif not self.process.is_alive():
-            self.result = ("error", f"the child exited with code {self.process.exitcode}")
+            result = ("error", f"the child exited with code {self.process.exitcode}")
         elif self.elapsed_s > self.timeout_s:
             self.process.kill()
-            self.result = ("error", f"timed out after {self.timeout_s:.0f} s")
-        if self.result is not None:
-            self.process.join(5)
+            result = ("error", f"timed out after {self.timeout_s:.0f} s")
+        if result is None:
+            return None
+        self.process.join(5)
+        if self._depths and self.elapsed_s <= self.timeout_s:
+            return self._next_depth(*result)
+        self.result = (result[0], StepProfile.from_dict(result[1]) if result[0] == "ok" else result[1])
         return self.result
 
+    def _next_depth(self, status, payload):
+        """A shallow copy's result in: start the next copy, or extrapolate, or run the model as written."""
+        if status == "ok" and payload["source"] == "fake":
+            self._shallow.append(payload)
+            if len(self._shallow) < len(self._depths):
+                self._start(self._depths[len(self._shallow)])
+                return None
+            try:
+                profile = depth.extrapolate(self._shallow, self.recipe.model.layers)
+                notes = [profile["notes"]] if profile["notes"] else []
+                profile["notes"] = "; ".join(notes + [f"copies at {', '.join(map(str, self._depths))} blocks "
+                                                      f"extrapolated to {self.recipe.model.layers}"])
+                self.result = ("ok", StepProfile.from_dict(profile))
+                return self.result
+            except depth.NotLinear:
+                pass
+        self._depths = []  # the model as written
+        self._start(None)
+        return None
 
 def run_all(items, start, jobs: int = 2):
     """``start(item)`` (a ``Job``) for each item, ``jobs`` at a time; yields (item, job, result) as
@@ -220,9 +266,9 @@ def run_all(items, start, jobs: int = 2):
                 yield item, job, result
 
 
-def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool = False):
-    """``plan_point`` in its own forked process: ("ok", StepProfile) or ("error", one line)."""
-    job = Job(recipe, world_size, timeout_s, try_fake)
+def run_isolated(recipe, world_size: int, timeout_s: float = 300, try_fake: bool = False, whole: bool = False):
+    """``plan_point`` in its own forked process (``Job``): ("ok", StepProfile) or ("error", one line)."""
+    job = Job(recipe, world_size, timeout_s, try_fake, whole=whole)
     while job.poll() is None:
         time.sleep(0.05)
     return job.result

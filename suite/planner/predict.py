@@ -23,7 +23,7 @@ PREDICTED_FILE = "predicted.json"
 
 
 def prediction(recipe, calibration: dict | None = None) -> dict:
-    """held_bytes (per rank), peak_bytes, step_time_s, samples_per_s and their sources, or an error."""
+    """held_bytes (per rank), peak_bytes (and on a GPU reserved_bytes), step_time_s, samples_per_s and their sources, or an error."""
     try:
         return _prediction(recipe, calibration)
     except Exception as e:  # noqa: BLE001 - a prediction is a comparison aid, never a reason to fail a run
@@ -36,7 +36,7 @@ def _prediction(recipe, calibration):
     # Not the fake run: see the module's docstring.
     profile = analytic.profile(recipe, recipe.world_size, "the run's own prediction (no fake run of the strategy)")
     out = {"source": profile.source, "held_bytes": profile.held_bytes,
-           "peak_bytes": profile.peak_bytes or None, "notes": [profile.notes] if profile.notes else []}
+           "peak_bytes": profile.peak_bytes or None, "reserved_bytes": profile.reserved_bytes, "notes": [profile.notes] if profile.notes else []}
     backend = "nccl" if recipe.launch.device == "cuda" else None
     calibration = calibration or stored.load(backend=backend)
     if calibration is None:

@@ -9,7 +9,10 @@ Byte conventions, shared by the fake run, the calibration and the time model:
 - ``held_bytes``: bytes a rank keeps between steps, by ``parameters``, ``gradients``,
   ``optimizer_state`` (the keys of ``suite.planner.memory.predicted_held_bytes``'s ``per_rank``).
 - ``peak_bytes``: the most bytes a rank holds at any moment of the step, activations and
-  temporary buffers included.
+  temporary buffers included (allocated bytes, ``torch.cuda.max_memory_allocated``'s count).
+- ``reserved_bytes``: on a GPU, what the caching allocator holds from CUDA at its most for
+  those allocations (``torch.cuda.max_memory_reserved``'s count): rounding, fragmentation and
+  the strategy's side streams' cached buffers beside ``peak_bytes``.
 - ``comm_bytes[kind]``: per rank per optimizer step, the size in bytes of the buffer the rank
   hands to each collective call of that kind, summed over calls (for all_gather the output
   buffer, for reduce_scatter the input buffer, for send/recv the tensor sent or received). It is
@@ -57,6 +60,16 @@ class StepProfile:
     # A GPU's operators of the step (suite.planner.gpu_ops): {"passes": counts, "update": counts,
     # "update_share": the share of the optimizer's update this rank steps}; empty where not counted.
     ops: dict = field(default_factory=dict)
+    # On a GPU profile: what PyTorch's caching allocator reserves at its most (suite.planner.
+    # caching_allocator), the figure torch.cuda.max_memory_reserved gives; None where not modelled.
+    reserved_bytes: int | None = None
+
+    @property
+    def fit_bytes(self) -> int:
+        """What must fit in a rank's memory: on a GPU what the caching allocator reserves (it may
+        hand cached blocks back and retry when CUDA runs out, so this errs on the safe side), else
+        the allocated peak. ``suite.plan`` and the advisor decide fit on it alike."""
+        return self.reserved_bytes if self.reserved_bytes is not None else self.peak_bytes
 
     def to_dict(self) -> dict:
         return asdict(self)

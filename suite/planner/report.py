@@ -38,6 +38,8 @@ def rows(points) -> list[dict]:
         row = {"strategy": p.label, "world_size": p.world_size, "source": prof.source}
         row.update({f"{k}_bytes": prof.held_bytes.get(k, 0) for k in HELD})
         row["peak_bytes"] = prof.peak_bytes
+        row["reserved_bytes"] = prof.reserved_bytes
+        row["fit_bytes"] = prof.fit_bytes
         kinds = [k for k in COLLECTIVE_KINDS if k in prof.comm_bytes] + sorted(set(prof.comm_bytes) - set(COLLECTIVE_KINDS))
         row["comm_bytes"] = sum(prof.comm_bytes.values())
         row["comm"] = "; ".join(f"{k} {_mib(prof.comm_bytes[k])} MiB x{prof.comm_calls.get(k, 0)}" for k in kinds)
@@ -53,11 +55,11 @@ def write(points, raw: dict, out: Path) -> str:
     table = rows(points)
     budget, what = rank_memory_bytes(raw)
     for row in table:
-        row["fits"] = row["peak_bytes"] <= budget
+        row["fits"] = row["fit_bytes"] <= budget
     with open(out / "plan.csv", "w", newline="") as f:
-        fields = ["strategy", "world_size", "source", *(f"{k}_bytes" for k in HELD), "peak_bytes", "comm_bytes",
+        fields = ["strategy", "world_size", "source", *(f"{k}_bytes" for k in HELD), "peak_bytes", "reserved_bytes", "comm_bytes",
                   "comm", "flops", "fits", "notes"]
-        writer = csv.DictWriter(f, fieldnames=fields)
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(table)
     (out / "profiles.json").write_text(json.dumps([p.profile.to_dict() for p in points if p.profile], indent=1))
@@ -73,17 +75,19 @@ def _markdown(points, table, raw, budget, what) -> str:
              f"{(raw.get('training') or {}).get('batch_size', '?')})", "",
              "Per rank per optimizer step, rank 0. MiB = 2^20 bytes. Communication: message bytes per "
              "collective kind (docs/plan.md).", "",
-             "| strategy | world | source | params MiB | grads MiB | optim MiB | peak MiB | comm MiB | "
-             "collectives | GFLOP |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "Peak: allocated bytes; reserved: what the CUDA caching allocator holds for them (GPU recipes).", "",
+             "| strategy | world | source | params MiB | grads MiB | optim MiB | peak MiB | reserved MiB | comm MiB | "
+             "collectives | GFLOP |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['strategy']} | {r['world_size']} | {r['source']} | {_mib(r['parameters_bytes'])} | "
                      f"{_mib(r['gradients_bytes'])} | {_mib(r['optimizer_state_bytes'])} | {_mib(r['peak_bytes'])} | "
+                     f"{_mib(r['reserved_bytes']) if r['reserved_bytes'] is not None else '-'} | "
                      f"{_mib(r['comm_bytes'])} | {r['comm'] or '-'} | {r['flops'] / 1e9:.3f} |")
     lines += ["", f"## Ranked (fits {_mib(budget)} MiB per rank ({what}), then least communication)", ""]
     for world in sorted({r["world_size"] for r in table}):
         ranked = sorted((r for r in table if r["world_size"] == world), key=lambda r: (not r["fits"], r["comm_bytes"]))
         lines.append(f"- world {world}: " + ", ".join(
-            f"{i}. {r['strategy']} ({_mib(r['peak_bytes'])} MiB{'' if r['fits'] else ', does not fit'}, "
+            f"{i}. {r['strategy']} ({_mib(r['fit_bytes'])} MiB{'' if r['fits'] else ', does not fit'}, "
             f"{_mib(r['comm_bytes'])} MiB sent)" for i, r in enumerate(ranked, 1)))
     notes = [(r["strategy"], r["world_size"], r["notes"]) for r in table if r["notes"]]
     if notes:

@@ -194,7 +194,10 @@ def _start(raw, label, section, launch, weak_scaling, per_rank) -> Candidate:
         batch = _batch(raw, section, launch, weak_scaling, per_rank)
     except SuiteError as e:
         return Candidate(label, section, excluded=str(e))
-    tries = [(False, 1), ("selective", 1), (True, 1)] + [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
+    levels = [False, "selective", True]  # activation checkpointing, from none to every block
+    own = (raw.get("training") or {}).get("activation_checkpointing", False)
+    tries = [(level, 1) for level in levels[levels.index(own) if own in levels else 0:]]  # as written, then more
+    tries += [(True, a) for a in (2, 4, 8, 16, 32, 64) if a <= batch]
     return Candidate(label, section, batch_size=batch, tries=tries)
 
 
@@ -226,9 +229,10 @@ def fit(candidates: list[Candidate], raw: dict, launch: dict, memory_bytes: int,
             sized.append(c)
         sizer.size(sized)
         for c in sized:
-            fits = c.profile.peak_bytes <= memory_bytes
-            c.excluded = "" if fits else (f"does not fit: {c.profile.peak_bytes / 2**30:.2f} GiB per rank at its "
-                                          f"peak, {memory_bytes / 2**30:.2f} GiB available")
+            fits = c.profile.fit_bytes <= memory_bytes
+            what = "reserved" if c.profile.reserved_bytes is not None else "at its peak"
+            c.excluded = "" if fits else (f"does not fit: {c.profile.fit_bytes / 2**30:.2f} GiB per rank {what}, "
+                                          f"{memory_bytes / 2**30:.2f} GiB available")
             if fits:
                 c.tries = []
         trying = [c for c in sized if c.tries]

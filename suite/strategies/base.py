@@ -110,6 +110,10 @@ class StrategyOptions(BaseModel):
         gradient buckets), at any world size."""
         return 0
 
+    # The collective kinds whose buffers the strategy allocates on a CUDA stream of its own, which
+    # PyTorch's caching allocator keeps cached for that stream alone (suite.planner.caching_allocator).
+    side_stream_collectives: ClassVar = ()
+
     def pass_buffer_bytes(self, step: StepSizes) -> int:
         """Bytes the strategy allocates during forward and backward, at their most, beside what
         the rank holds and the model's activations (gathered units, reduction copies); asked at

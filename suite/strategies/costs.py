@@ -24,6 +24,7 @@ beside what a rank holds: ``copy_bytes``, ``persistent_buffer_bytes``, ``pass_bu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from suite.common.errors import SuiteError
 from suite.strategies.layout import Layout
@@ -171,6 +172,10 @@ class ShardedUnits:
     mixin for its options class. Each unit's parameters are gathered twice per step and its
     gradients reduce-scattered once (``sharded_units``); the passes hold the largest unit and the
     prefetched next one gathered; the optimizer steps a 1/dp shard."""
+
+    # FSDP2, FSDP1 and fairscale allocate each gather's buffer on an all-gather stream and each
+    # reduce-scatter's input on a reduce-scatter stream, so that they overlap compute.
+    side_stream_collectives: ClassVar = ("all_gather", "reduce_scatter")
 
     def comm_rule(self, step: StepSizes) -> Comm:
         return sharded_units(step, gathers=2)

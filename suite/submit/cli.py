@@ -107,7 +107,9 @@ def _predicted_text(recipe) -> str:
     if "error" in p:
         return f"  predicted step time: not predicted ({p['error']})"
     peak = (f"  predicted peak memory per rank {p['peak_bytes'] / 2**20:.1f} MiB allocated (held bytes, the "
-            f"strategy's buffers, activations or the optimizer's temporaries)\n") if p.get("peak_bytes") else ""
+            f"strategy's buffers, activations or the optimizer's temporaries)"
+            + (f", {p['reserved_bytes'] / 2**20:.1f} MiB reserved by the CUDA caching allocator"
+               if p.get("reserved_bytes") else "") + "\n") if p.get("peak_bytes") else ""
     if p.get("step_time_s") is None:
         return f"{peak}  predicted step time: not predicted ({'; '.join(p['notes'])})"
     busy = "".join(f"\n  note: {p[k]}" for k in ("calibration_busy_note", "calibration_speed_note") if p.get(k))
