@@ -300,7 +300,7 @@ def reserved_bytes(recipe, step: dict, peak: int, parts: int, comm: dict) -> int
     keeps cached for its collectives' buffers, a call's buffer per unit, two in flight."""
     if not step.get("pass_events"):
         return None
-    from suite.planner import caching_allocator  # start-up: loads suite.planner only when this runs
+    from suite.planner import caching_allocator
 
     events = [(e[0], e[1], e[2] // parts, e[3]) if e[0] == "alloc" else e for e in step["pass_events"]]
     passes = caching_allocator.replay(events)

@@ -26,9 +26,8 @@ def reducible(recipe) -> bool:
 
 def at_depth(recipe, layers: int):
     """The recipe with ``layers`` blocks, all else as written."""
-    # start-up: loads pydantic, yaml, suite.recipe only when this runs
     from suite import recipe as recipes
-    import yaml  # start-up: loads yaml only when this runs
+    import yaml
 
     raw = yaml.safe_load(recipes.dump(recipe))
     raw["model"] = {**raw["model"], "layers": layers}
