@@ -26,6 +26,7 @@ A process may run this once: the process group and patched globals are not undon
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
 import traceback
@@ -160,6 +161,11 @@ def plan_point(recipe, world_size: int, try_fake: bool = False) -> StepProfile:
 
 def _child(recipe, world_size, conn, try_fake, quiet, layers=None) -> None:
     torch.set_num_threads(1)
+    # Objects in reference cycles (autograd's graph, hooks) are freed whenever the collector runs,
+    # which depends on what the parent did before it forked: with it off, the live bytes counted
+    # (and so the peak) are the same for the same point whoever asks. The child lives for one point.
+    gc.collect()
+    gc.disable()
     if layers is not None:  # a shallow copy, made here: validating it touches the model's globals
         recipe = depth.at_depth(recipe, layers)
     if quiet:  # what the real code prints on its way to failing on fake tensors: the parent says it in one line
