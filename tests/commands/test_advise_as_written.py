@@ -1,6 +1,8 @@
 """The advisor keeps a recipe's activation checkpointing as written where it fits (it tries more
 only where memory needs it), and on a GPU recipe decides fit on the very figure ``suite.plan``
 gives the point: the caching allocator's reserve."""
+import pytest
+
 from suite.planner import hardware, search, table
 
 LLAMA_GPU = {"name": "t", "model": {"name": "llama", "dim": 64, "layers": 2, "heads": 4, "kv_heads": 2},
@@ -13,6 +15,7 @@ QUIET = {"progress": lambda _: None}
 FSDP = [("fsdp", {"name": "fsdp", "mixed_precision": "bf16"})]
 
 
+@pytest.mark.slow
 def test_selective_checkpointing_as_written_is_kept_and_fit_is_the_plans_reserved_figure():
     (point,) = table.plan(LLAMA_GPU, FSDP, [2], jobs=1, **QUIET)
     plan = point.profile

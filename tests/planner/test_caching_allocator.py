@@ -3,6 +3,8 @@ and segment sizes, best fit with splitting, blocks kept per stream; and the rese
 fake run and the analytic rule give a GPU recipe beside the allocated peak."""
 from __future__ import annotations
 
+import pytest
+
 from suite.planner import caching_allocator as ca
 
 MiB = 2**20
@@ -59,6 +61,7 @@ def _gpu_recipe():
         "launch": {"tasks_per_node": 2, "device": "cuda"}, "tracking": {"wandb": "disabled"}})
 
 
+@pytest.mark.slow
 def test_a_gpu_recipes_fake_run_and_analytic_rule_report_reserved_beside_allocated():
     from suite.planner import analytic, fake_run
 

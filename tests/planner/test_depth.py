@@ -19,6 +19,7 @@ def _recipe(layers: int, checkpointing=False):
         "launch": {"tasks_per_node": 2, "device": "cuda"}, "tracking": {"wandb": "disabled"}})
 
 
+@pytest.mark.slow
 def test_the_extrapolated_fake_run_of_a_llama_equals_the_one_at_its_depth():
     recipe = _recipe(5)
     assert depth.reducible(recipe)
