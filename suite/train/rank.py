@@ -316,7 +316,8 @@ def _write_summary(recipe, ctx, engine, run_dir, loop, epochs, predict=None, mem
         "epoch_time_s": [e["epoch_time_s"] for e in epochs],
         "eval_time_s": evals,
         "train_time_s": loop.train_time_s,
-        "loss": loop.task.loss_name,
+        # which loss trained; a strategy's own loop (TensorFlow's) trains Keras's sparse cross-entropy
+        "loss": "keras: sparse categorical cross-entropy" if own_loop else loop.task.loss_name,
         "final": {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "val_miou", "val_perplexity")
                   if last.get(k) is not None},
         "ranks": ranks,
