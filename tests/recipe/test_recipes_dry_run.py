@@ -26,6 +26,15 @@ def test_recipe_dry_runs(path, capsys):
     run = study.main if path in STUDIES else cli.main
     code = run([str(path), "--dry-run"])
     out, err = capsys.readouterr()
+    import torch
+    import yaml
+
+    if (yaml.safe_load(path.read_text()).get("launch") or {}).get("device") == "cuda" and not torch.cuda.is_available():
+        # a GPU recipe (for suite.plan and suite.advise on a GPU profile) on a machine without one:
+        # refused before launch in one line naming the fix
+        assert code == 2 and err.strip() == ("error: launch.device=cuda, but this machine has no GPU; use "
+                                             "launch.device=auto or cpu"), err
+        return
     assert code == 0, err
     assert "nothing launched (--dry-run)" in out
 
