@@ -103,6 +103,7 @@ def study_run(folder: Path, recipe: dict, tables: dict[str, list[dict]]) -> str 
                     columns = list(dict.fromkeys(k for row in rows for k in row))
                     run.log({name: wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])})
             run.finish()
+            wandb.teardown()  # W&B's service process and threads end too: a later fork must not inherit them
         return None
     except Exception as e:  # noqa: BLE001 - the study's report is written; W&B only mirrors it
         return failed("study run", e, folder)
@@ -125,6 +126,9 @@ def finish(run, run_dir: Path, rows: wandb_rows.Rows) -> None:
     """The summary (run-wide results, final losses, each rank's peaks), then close the run."""
     run.summary.update(wandb_rows.run_summary(run_dir, rows))
     run.finish()
+    import wandb
+
+    wandb.teardown()  # W&B's service process and threads end too: a process that forks ranks later must not pass them on
 
 
 def start(run_dir: Path, recipe: dict, mode: str, world_size: int, stats_interval_s: float | None = None):
