@@ -46,10 +46,10 @@ def test_a_two_rank_job_is_one_wandb_run_that_grows_while_it_trains(tmp_path, mo
     seen = tmp_path / "seen.txt"
     real = loop_module._maybe_fail
 
-    def pause_rank0(rank, step, attempt=1):
+    def pause_rank0(rank, step, attempt=1, planned=""):
         if rank == 0 and step == 5:  # steps 0-3 are in the record (log_every_steps=4)
             _history_while_paused(run_dir, seen, step)
-        real(rank, step, attempt)
+        real(rank, step, attempt, planned)
 
     monkeypatch.setattr(loop_module, "_maybe_fail", pause_rank0)
     recipe = make_recipe({"name": "ddp"}, 2, tracking={"wandb": "offline"}, precision="fp32")
