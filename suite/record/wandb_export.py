@@ -102,8 +102,7 @@ def study_run(folder: Path, recipe: dict, tables: dict[str, list[dict]]) -> str 
                 if rows:
                     columns = list(dict.fromkeys(k for row in rows for k in row))
                     run.log({name: wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])})
-            run.finish()
-            wandb.teardown()  # W&B's service process and threads end too: a later fork must not inherit them
+            close(run)
         return None
     except Exception as e:  # noqa: BLE001 - the study's report is written; W&B only mirrors it
         return failed("study run", e, folder)
@@ -125,10 +124,16 @@ def scratch(run_dir: Path) -> Path:
 def finish(run, run_dir: Path, rows: wandb_rows.Rows) -> None:
     """The summary (run-wide results, final losses, each rank's peaks), then close the run."""
     run.summary.update(wandb_rows.run_summary(run_dir, rows))
-    run.finish()
+    close(run)
+
+
+def close(run) -> None:
+    """Finish the run and end W&B's service process and threads: a process that forks ranks later
+    (a rank 0, a test) must not pass them on, or the forked rank can hang at start-up."""
     import wandb
 
-    wandb.teardown()  # W&B's service process and threads end too: a process that forks ranks later must not pass them on
+    run.finish()
+    wandb.teardown()
 
 
 def start(run_dir: Path, recipe: dict, mode: str, world_size: int, stats_interval_s: float | None = None):
