@@ -202,18 +202,18 @@ def _failed_nodes(failure, job_id: str) -> list[str]:
     return _lost_nodes(job_id) if listed else []
 
 
+SINFO_PATIENCE_S = 10.0  # how long a restart waits for sinfo to say which nodes are lost
+
+
 def _unusable_of(node_list: str) -> list[str]:
     """The nodes of a Slurm node list ("n[1-2]") that sinfo now reports unusable. One sinfo call
-    for those nodes, asked again once after a second if it fails: right after a node is lost,
-    the controller may not answer (without the second ask, a lost node went unseen and the restart
-    blamed the live node of the rank it had been talking to)."""
-    for attempt in range(2):
-        states = _node_states(nodes=node_list)
-        if states is not None:
-            return [n for n, usable in states.items() if not usable]
-        if attempt == 0:
-            time.sleep(1.0)
-    return []
+    for those nodes, asked again each second for up to ``SINFO_PATIENCE_S`` while it fails: right
+    after a node is lost, a busy controller may not answer for a while (without asking again, a
+    lost node went unseen and the restart blamed the live node of the rank it had been talking to)."""
+    deadline = time.monotonic() + SINFO_PATIENCE_S
+    while (states := _node_states(nodes=node_list)) is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return [] if states is None else [n for n, usable in states.items() if not usable]
 
 
 def _in(partition) -> str:
