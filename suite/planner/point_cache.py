@@ -1,0 +1,92 @@
+"""Fake-run results kept on disk, so that a configuration sized once is not sized again.
+
+A fake run (``suite.planner.fake_run``) of one configuration takes seconds for a small model and
+minutes for a billion-parameter one, and its answer is the same every time for the same inputs
+(its child runs with the garbage collector off for that reason). ``suite.plan`` and the advisor
+size the same configurations again and again: the advisor's rounds try a candidate as written,
+then checkpointed, then accumulating; a user reruns the advisor with ``--verbose`` or other
+hardware; ``suite.plan`` asks for a configuration the advisor sized.
+
+A result is kept under ``$XDG_CACHE_HOME/scalesuite/fake_runs/<key>.json``. The key is a hash of
+everything the answer depends on: the recipe (less its name, arm, sweep and tracking), the world
+size, the depth the model ran at, whether a strategy that cannot fake was tried anyway, the suite's
+own source files and the versions of the libraries whose code runs (torch, DeepSpeed, fairscale,
+transformers). Changing any of them, the suite's code included, asks again; nothing goes stale.
+Only answers are kept, never failures (a timeout on a loaded machine is not the configuration's).
+``SCALESUITE_PLAN_CACHE=0`` turns it off."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+CACHE_DIR = "fake_runs"
+LIBRARIES = ("torch", "deepspeed", "fairscale", "transformers")
+NOT_ASKED = {"name", "arm", "sweep", "tracking"}  # recipe sections a fake step does not read
+
+
+def enabled() -> bool:
+    return os.environ.get("SCALESUITE_PLAN_CACHE", "1") != "0"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "scalesuite" / CACHE_DIR
+
+
+def key(recipe, world_size: int, layers: int | None, try_fake: bool) -> str | None:
+    """The cache key of one fake run, or None where the recipe cannot be written down."""
+    try:
+        asked = recipe.model_dump(mode="json", exclude=NOT_ASKED)
+        text = json.dumps({"recipe": asked, "world_size": world_size, "layers": layers, "try_fake": try_fake,
+                           "code": _code_fingerprint()}, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def get(cache_key: str | None) -> dict | None:
+    if cache_key is None or not enabled():
+        return None
+    try:
+        return json.loads((cache_dir() / f"{cache_key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def put(cache_key: str | None, payload: dict) -> None:
+    """Keep ``payload`` (a StepProfile's dict) where it survives JSON unchanged; a write that fails
+    (a read-only or full disk) is skipped: the cache only saves time."""
+    if cache_key is None or not enabled():
+        return
+    try:
+        text = json.dumps(payload)
+        if json.loads(text) != payload:
+            return  # tuples or non-text keys: what comes back would not be what went in
+        folder = cache_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+            f.write(text)
+        os.replace(f.name, folder / f"{cache_key}.json")  # whole or not at all, with two advisors at once
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    """A hash of the suite's source files and the versions of the libraries a fake run executes."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    for name in LIBRARIES:
+        try:
+            digest.update(f"{name}=={metadata.version(name)}".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{name} absent".encode())
+    return digest.hexdigest()
