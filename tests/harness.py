@@ -39,8 +39,10 @@ def _child(fn, rank, world_size, port, conn, args, kwargs):
         conn.close()
 
 
-def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, **kwargs) -> list:
-    ctx = mp.get_context("fork")
+def run_ranks(fn, world_size: int, *args, timeout_s: float = 180, start: str = "fork", **kwargs) -> list:
+    """``start="spawn"``: each rank a fresh interpreter, as ``suite.submit`` starts them, for what
+    depends on the process a rank starts from (a forked rank's heap is the test process's)."""
+    ctx = mp.get_context(start)
     port = free_port()
     procs, conns = [], []
     for rank in range(world_size):

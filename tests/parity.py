@@ -71,10 +71,11 @@ def tolerance(recipe) -> float:
     return TOLERANCE if recipe.training.precision == "fp64" else FP32_TOLERANCE
 
 
-def step_losses(recipe, run_dir: Path, timeout_s: float = 240) -> list[float]:
-    """Run the recipe on forked ranks; the global loss of each step, as the run record has it."""
+def step_losses(recipe, run_dir: Path, timeout_s: float = 240, start: str = "fork") -> list[float]:
+    """Run the recipe on forked ranks (``start="spawn"``: fresh ones); the global loss of each step,
+    as the run record has it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_ranks(rank_task.train, recipe.world_size, recipe, run_dir, timeout_s=timeout_s)
+    run_ranks(rank_task.train, recipe.world_size, recipe, run_dir, timeout_s=timeout_s, start=start)
     return step_losses_of(run_dir)
 
 

@@ -208,11 +208,15 @@ def test_predicted_held_bytes_equal_a_real_runs_at_world_2_and_the_peak_is_withi
 def test_zeros_recorded_peak_is_within_20_percent_of_a_real_runs(stage, tmp_path):
     """The analytic rule a run records for itself (no fake run of DeepSpeed), held to a real run. A 4 MiB
     bucket rather than the default 1.9 GiB, which would make any prediction of the rest pass
-    (and a gradient larger than the bucket, which DeepSpeed reduces alone)."""
+    (and a gradient larger than the bucket, which DeepSpeed reduces alone).
+
+    Fresh ranks, as suite.submit starts them: a rank forked from this test process inherits its
+    heap, and memory of that heap freed during the measured steps lowers the count (by 17 MiB at
+    stage 1 after the rest of the suite had run: suite.record.allocated says what it misses)."""
     recipe = make_recipe({"name": "zero", "stage": stage, "config": {"zero_optimization": {"reduce_bucket_size": 2**20}}},
                          world_size=2, training={**BASE["training"], "max_steps": 2},
                          model={"name": "mlp", "hidden": [3072, 3072]})
-    step_losses(recipe, tmp_path)
+    step_losses(recipe, tmp_path, start="spawn")
     summary = read_json(tmp_path / "summary.json")
     peak = max(r["peak_allocated_bytes"] for r in summary["ranks"])
     assert abs(summary["predicted"]["peak_bytes"] / peak - 1) <= 0.2, (summary["predicted"]["peak_bytes"], peak)
