@@ -18,6 +18,10 @@ point, a test process) frees them when the collector runs, and DeepSpeed calls `
 while it builds its engine (a 26 MiB tensor in a cycle took 26 MiB off ZeRO-3's measured peak
 per cycle). So the start collects garbage first (tens of milliseconds, once per rank, before the
 model build); what a library frees of its own earlier memory is still not told apart.
+A forked rank (the warm pool's, the test harness's) inherits its parent's heap, and what of it
+is freed inside the window still lowers the count: a ZeRO-1 rank forked from a test process
+that had run the rest of the suite read 161 MB where a fresh one read 179 MB. A peak compared
+against a prediction is taken from a fresh process, as ``suite.submit`` starts its ranks.
 
 PyTorch's profiler, which counts the CPU allocator's tensors alone, did not serve: it reports
 blocks only in threads that carry its state, so a buffer a collective's worker thread frees stays
