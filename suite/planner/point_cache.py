@@ -11,13 +11,19 @@ A result is kept under ``$XDG_CACHE_HOME/scalesuite/fake_runs/<key>.json``. The 
 everything the answer depends on: the recipe (less its name, arm, sweep and tracking), the world
 size, the depth the model ran at, whether a strategy that cannot fake was tried anyway, the suite's
 own source files and the versions of the libraries whose code runs (torch, DeepSpeed, fairscale,
-transformers). Changing any of them, the suite's code included, asks again; nothing goes stale.
+transformers), and what the recipe names outside the suite: the source file of a ``target:``
+factory's module and the size and time of every file or folder a path in the recipe points to (a
+checkpoint folder's config, a tokenizer). Changing any of them asks again; nothing goes stale.
+(A module a user's factory imports in turn is not followed: ``SCALESUITE_PLAN_CACHE=0`` while
+editing one.)
 Only answers are kept, never failures (a timeout on a loaded machine is not the configuration's).
 ``SCALESUITE_PLAN_CACHE=0`` turns it off."""
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
+import itertools
 import json
 import os
 import tempfile
@@ -27,6 +33,7 @@ from pathlib import Path
 CACHE_DIR = "fake_runs"
 LIBRARIES = ("torch", "deepspeed", "fairscale", "transformers")
 NOT_ASKED = {"name", "arm", "sweep", "tracking"}  # recipe sections a fake step does not read
+MAX_FILES = 1000  # the entries of a folder taken into the key
 
 
 def enabled() -> bool:
@@ -43,7 +50,7 @@ def key(recipe, world_size: int, layers: int | None, try_fake: bool) -> str | No
     try:
         asked = recipe.model_dump(mode="json", exclude=NOT_ASKED)
         text = json.dumps({"recipe": asked, "world_size": world_size, "layers": layers, "try_fake": try_fake,
-                           "code": _code_fingerprint()}, sort_keys=True)
+                           "code": _code_fingerprint(), "named": _named_things(asked)}, sort_keys=True)
     except (TypeError, ValueError):
         return None
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -74,6 +81,45 @@ def put(cache_key: str | None, payload: dict) -> None:
         os.replace(f.name, folder / f"{cache_key}.json")  # whole or not at all, with two advisors at once
     except (OSError, TypeError, ValueError):
         pass
+
+
+def _named_things(value) -> list:
+    """What the recipe's strings name outside the suite, as it is now: a ``module:attr`` factory's
+    source file (its hash), an existing path's files (name, size, modification time)."""
+    found = []
+    if isinstance(value, dict):
+        for item in value.values():
+            found += _named_things(item)
+    elif isinstance(value, list):
+        for item in value:
+            found += _named_things(item)
+    elif isinstance(value, str) and value:
+        found += _factory_source(value) + _path_state(value)
+    return found
+
+
+def _factory_source(text: str) -> list:
+    module = text.split(":", 1)[0] if ":" in text and "/" not in text else ""
+    if not module or not all(part.isidentifier() for part in module.split(".")):
+        return []
+    try:
+        origin = importlib.util.find_spec(module).origin
+        return [[text, hashlib.sha256(Path(origin).read_bytes()).hexdigest()]]
+    except (ImportError, AttributeError, ValueError, TypeError, OSError):
+        return []
+
+
+def _path_state(text: str) -> list:
+    try:
+        path = Path(text).expanduser()
+        if not path.exists():
+            return []
+        # a data root may hold millions of files: the first MAX_FILES found, not a walk of them all
+        files = [path] if path.is_file() else sorted(p for p in itertools.islice(path.rglob("*"), MAX_FILES)
+                                                      if p.is_file())
+        return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    except (OSError, ValueError):
+        return []
 
 
 @functools.cache

@@ -57,3 +57,21 @@ def test_a_failed_fake_run_is_not_kept(cache):
     while job.poll() is None:
         pass
     assert job.result[0] == "error" and not list(cache.glob("*.json"))
+
+
+
+def test_a_changed_checkpoint_folder_or_factory_module_asks_again(tmp_path, monkeypatch):
+    """What the recipe names outside the suite is part of the key: a folder it points to (a
+    checkpoint's config, a tokenizer) and the source of a ``target:`` factory's module."""
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"hidden_size": 16}')
+    (tmp_path / "my_models.py").write_text("def build(spec):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    named = {"model": {"target": "my_models:build", "path": str(folder)}, "precision": "fp32", "n": 3}
+    before = point_cache._named_things(named)
+    (folder / "config.json").write_text('{"hidden_size": 128}')
+    (tmp_path / "my_models.py").write_text("def build(spec):\n    return 1\n")
+    after = point_cache._named_things(named)
+    assert len(before) == len(after) == 2  # the factory's source and the folder's one file; nothing else
+    assert before[0] != after[0] and before[1] != after[1]
