@@ -7,19 +7,18 @@ rank); ``load`` finds this host's newest.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 from suite.common import network
+from suite.common.cache import suite_cache
 from suite.record.run_record import write_json_atomic
 
 CALIBRATION_DIR = "calibration"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "scalesuite" / CALIBRATION_DIR
+    return suite_cache(CALIBRATION_DIR)
 
 
 def key(hosts, backend: str, threads: int) -> str:

@@ -26,9 +26,11 @@ import importlib.util
 import itertools
 import json
 import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
+
+from suite.common.cache import suite_cache
+from suite.record.run_record import write_json_atomic
 
 CACHE_DIR = "fake_runs"
 LIBRARIES = ("torch", "deepspeed", "fairscale", "transformers")
@@ -41,8 +43,7 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "scalesuite" / CACHE_DIR
+    return suite_cache(CACHE_DIR)
 
 
 def key(recipe, world_size: int, layers: int | None, try_fake: bool) -> str | None:
@@ -74,11 +75,8 @@ def put(cache_key: str | None, payload: dict) -> None:
         text = json.dumps(payload)
         if json.loads(text) != payload:
             return  # tuples or non-text keys: what comes back would not be what went in
-        folder = cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
-            f.write(text)
-        os.replace(f.name, folder / f"{cache_key}.json")  # whole or not at all, with two advisors at once
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        write_json_atomic(cache_dir() / f"{cache_key}.json", payload)  # whole or not at all, two advisors at once
     except (OSError, TypeError, ValueError):
         pass
 
@@ -117,7 +115,7 @@ def _path_state(text: str) -> list:
         # a data root may hold millions of files: the first MAX_FILES found, not a walk of them all
         files = [path] if path.is_file() else sorted(p for p in itertools.islice(path.rglob("*"), MAX_FILES)
                                                       if p.is_file())
-        return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+        return [[str(f), (stat := f.stat()).st_size, stat.st_mtime_ns] for f in files]
     except (OSError, ValueError):
         return []
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from suite.common.cache import suite_cache
 from suite.record import flops
 import fcntl
 import torch.distributed as dist
@@ -108,8 +109,7 @@ def measure(precision: str) -> tuple[float, int, float]:
 # ---- the cache -----------------------------------------------------------------------------
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "scalesuite" / CACHE_FILE
+    return suite_cache(CACHE_FILE)
 
 
 def cpu_model() -> str:
