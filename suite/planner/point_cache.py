@@ -12,20 +12,22 @@ everything the answer depends on: the recipe (less its name, arm, sweep and trac
 size, the depth the model ran at, whether a strategy that cannot fake was tried anyway, the suite's
 own source files and the versions of the libraries whose code runs (torch, DeepSpeed, fairscale,
 transformers), and what the recipe names outside the suite: the source file of a ``target:``
-factory's module and the size and time of every file or folder a path in the recipe points to (a
-checkpoint folder's config, a tokenizer). Changing any of them asks again; nothing goes stale.
-(A module a user's factory imports in turn is not followed: ``SCALESUITE_PLAN_CACHE=0`` while
-editing one.)
+factory's module (found on the section's ``pythonpath`` first, as the run finds it) and the size and
+time of every file in a folder or file a path in the recipe points to (a checkpoint folder's config,
+a tokenizer, the ``pythonpath`` folders themselves). Changing any of them asks again; nothing goes
+stale. (A module a user's factory imports from outside those folders is not followed:
+``SCALESUITE_PLAN_CACHE=0`` while editing one.)
 Only answers are kept, never failures (a timeout on a loaded machine is not the configuration's).
 ``SCALESUITE_PLAN_CACHE=0`` turns it off."""
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
+import importlib.machinery
 import itertools
 import json
 import os
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -81,30 +83,46 @@ def put(cache_key: str | None, payload: dict) -> None:
         pass
 
 
-def _named_things(value) -> list:
+def _named_things(value, folders: tuple = ()) -> list:
     """What the recipe's strings name outside the suite, as it is now: a ``module:attr`` factory's
-    source file (its hash), an existing path's files (name, size, modification time)."""
+    source file (its hash), an existing path's files (name, size, modification time). ``folders``:
+    the enclosing section's ``pythonpath``, searched first, as the run will."""
     found = []
     if isinstance(value, dict):
+        inner = tuple(value.get("pythonpath") or ()) if isinstance(value.get("pythonpath"), list) else folders
         for item in value.values():
-            found += _named_things(item)
+            found += _named_things(item, inner)
     elif isinstance(value, list):
         for item in value:
-            found += _named_things(item)
+            found += _named_things(item, folders)
     elif isinstance(value, str) and value:
-        found += _factory_source(value) + _path_state(value)
+        found += _factory_source(value, folders) + _path_state(value)
     return found
 
 
-def _factory_source(text: str) -> list:
+def _factory_source(text: str, folders: tuple = ()) -> list:
     module = text.split(":", 1)[0] if ":" in text and "/" not in text else ""
     if not module or not all(part.isidentifier() for part in module.split(".")):
         return []
     try:
-        origin = importlib.util.find_spec(module).origin
+        origin = _module_file(module, [*folders, *sys.path])
         return [[text, hashlib.sha256(Path(origin).read_bytes()).hexdigest()]]
     except (ImportError, AttributeError, ValueError, TypeError, OSError):
         return []
+
+
+def _module_file(module: str, search: list) -> str:
+    """The file ``module`` would import from on ``search``, found on disk as a fresh process would:
+    not the copy already in ``sys.modules``, which may come from another folder or be older."""
+    spec = None
+    for part in module.split("."):
+        spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None:
+            raise ImportError(module)
+        search = list(spec.submodule_search_locations or [])
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        raise ImportError(module)  # a built-in or namespace package: no one source file
+    return spec.origin
 
 
 def _path_state(text: str) -> list:

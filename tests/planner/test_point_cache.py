@@ -2,6 +2,9 @@
 same recipe, world and code it is answered without a child; anything else asks again."""
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 from suite.planner import fake_run, point_cache
@@ -66,12 +69,18 @@ def test_a_changed_checkpoint_folder_or_factory_module_asks_again(tmp_path, monk
     folder = tmp_path / "checkpoint"
     folder.mkdir()
     (folder / "config.json").write_text('{"hidden_size": 16}')
-    (tmp_path / "my_models.py").write_text("def build(spec):\n    return None\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    named = {"model": {"target": "my_models:build", "path": str(folder)}, "precision": "fp32", "n": 3}
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "my_models.py").write_text("def build(spec):\n    return None\n")
+    # another my_models already imported (the examples' package, by an earlier test): the key reads
+    # the file the recipe's pythonpath names, as the run will, not the copy in sys.modules
+    monkeypatch.setitem(sys.modules, "my_models", types.ModuleType("my_models"))
+    named = {"model": {"target": "my_models:build", "path": str(folder), "pythonpath": [str(code)]},
+             "precision": "fp32", "n": 3}
     before = point_cache._named_things(named)
     (folder / "config.json").write_text('{"hidden_size": 128}')
-    (tmp_path / "my_models.py").write_text("def build(spec):\n    return 1\n")
+    (code / "my_models.py").write_text("def build(spec):\n    return 1\n")
     after = point_cache._named_things(named)
-    assert len(before) == len(after) == 2  # the factory's source and the folder's one file; nothing else
-    assert before[0] != after[0] and before[1] != after[1]
+    # the factory's source, the checkpoint's one file, the pythonpath folder's one file; nothing else
+    assert len(before) == len(after) == 3
+    assert all(b != a for b, a in zip(before, after)), (before, after)
