@@ -21,7 +21,8 @@ def recipe_of(row: dict):
         "name": "published", "model": row["model"], "strategy": row["strategy"],
         "data": {"name": "synthetic_tokens", "vocab": row["vocab"], "seq_len": row["seq"], "n_train": 64, "n_val": 16},
         "optimizer": {"name": "adamw", "lr": 3e-4},
-        "training": {"batch_size": row["batch"], "epochs": 1, "precision": row["precision"],
+        "training": {"batch_size": row["batch"], "grad_accumulation": row.get("accumulation", 1), "epochs": 1,
+                     "precision": row["precision"],
                      "activation_checkpointing": row["checkpointing"]},
         "launch": {"executor": "slurm" if layout["nodes"] > 1 else "local", **layout}, "tracking": {"wandb": "disabled"}})
 

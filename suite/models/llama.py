@@ -25,6 +25,7 @@ from pydantic import PositiveFloat, PositiveInt, model_validator
 from torch import nn
 
 from suite.common.errors import SuiteError
+from suite.models.attention import Kernel, attend
 from suite.models.base import ModelOptions
 from suite.models.llama_presets import PRESETS
 
@@ -47,6 +48,7 @@ class Llama(ModelOptions):
     norm_eps: PositiveFloat = 1e-5
     rope_theta: PositiveFloat = 10000.0
     tie_embeddings: bool = False  # the output head reuses the token embedding's weights
+    attention: Kernel = "fused"  # or "math": scores written out, as before fused kernels (models/attention.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -117,9 +119,9 @@ def rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int, kv_heads: int, rope_theta: float):
+    def __init__(self, dim: int, heads: int, kv_heads: int, rope_theta: float, kernel: Kernel = "fused"):
         super().__init__()
-        self.head_dim, self.rope_theta = dim // heads, rope_theta
+        self.head_dim, self.rope_theta, self.kernel = dim // heads, rope_theta, kernel
         self.wq = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
@@ -130,8 +132,7 @@ class Attention(nn.Module):
         # -1 heads: the full count on one rank, the local share under tensor parallelism.
         q, k, v = (p(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for p in (self.wq, self.wk, self.wv))
         q, k = rotate(q, self.rope_theta), rotate(k, self.rope_theta)
-        # enable_gqa: each key/value head serves its group of query heads without copying it.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        y = attend(q, k, v, self.kernel)  # grouped heads served without copies under the fused kernel
         return self.wo(y.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -147,10 +148,11 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, kv_heads: int, hidden: int, norm_eps: float, rope_theta: float):
+    def __init__(self, dim: int, heads: int, kv_heads: int, hidden: int, norm_eps: float, rope_theta: float,
+                 kernel: Kernel = "fused"):
         super().__init__()
         self.attention_norm = nn.RMSNorm(dim, eps=norm_eps)
-        self.attention = Attention(dim, heads, kv_heads, rope_theta)
+        self.attention = Attention(dim, heads, kv_heads, rope_theta, kernel)
         self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
         self.feed_forward = FeedForward(dim, hidden)
 
@@ -171,14 +173,14 @@ class Head(nn.Module):
 
 def build(spec, *, preset: str | None, vocab: int | None, dim: int, layers: int, heads: int, kv_heads: int | None,
           ffn_dim: int | None, ffn_dim_multiplier: float | None, multiple_of: int, norm_eps: float,
-          rope_theta: float, tie_embeddings: bool) -> nn.Sequential:
+          rope_theta: float, tie_embeddings: bool, attention: Kernel = "fused") -> nn.Sequential:
     del preset  # its values are already the options'
     vocab = vocab or spec.num_classes
     if vocab < spec.num_classes:
         raise SuiteError(f"model.vocab={vocab} must be at least the data's {spec.num_classes} token ids; "
                          f"leave it unset to take the data's")
     hidden = feed_forward_dim(dim, ffn_dim, ffn_dim_multiplier, multiple_of)
-    blocks = [Block(dim, heads, kv_heads or heads, hidden, norm_eps, rope_theta) for _ in range(layers)]
+    blocks = [Block(dim, heads, kv_heads or heads, hidden, norm_eps, rope_theta, attention) for _ in range(layers)]
     embedding, head = Embedding(vocab, dim), Head(dim, vocab, norm_eps)
     if tie_embeddings:
         head.output.weight = embedding.tokens.weight

@@ -14,6 +14,7 @@ from pydantic import PositiveInt, model_validator
 from torch import nn
 
 from suite.common.errors import SuiteError
+from suite.models.attention import Kernel, attend
 from suite.models.base import ModelOptions
 
 
@@ -27,6 +28,7 @@ class Transformer(ModelOptions):
     heads: PositiveInt = 4
     layers: PositiveInt = 2
     mlp_ratio: PositiveInt = 4
+    attention: Kernel = "fused"  # or "math": scores written out, as before fused kernels (models/attention.py)
 
     @model_validator(mode="after")
     def _heads_divide_dim(self):
@@ -50,9 +52,9 @@ class Embedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, kernel: Kernel = "fused"):
         super().__init__()
-        self.head_dim = dim // heads
+        self.head_dim, self.kernel = dim // heads, kernel
         self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
 
@@ -61,7 +63,7 @@ class Attention(nn.Module):
         # -1 heads: the full count on one rank, the local share under tensor parallelism.
         q, k, v = (p(x).view(batch, length, -1, self.head_dim).transpose(1, 2)
                    for p in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = attend(q, k, v, self.kernel)
         return self.out(y.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -75,9 +77,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int, kernel: Kernel = "fused"):
         super().__init__()
-        self.attention_norm, self.attention = nn.LayerNorm(dim), Attention(dim, heads)
+        self.attention_norm, self.attention = nn.LayerNorm(dim), Attention(dim, heads, kernel)
         self.mlp_norm, self.mlp = nn.LayerNorm(dim), MLP(dim, mlp_ratio * dim)
 
     def forward(self, x):
@@ -86,12 +88,12 @@ class Block(nn.Module):
 
 
 def build(spec, *, vocab: int | None, seq_len: int | None, dim: int, heads: int, layers: int,
-          mlp_ratio: int) -> nn.Sequential:
+          mlp_ratio: int, attention: Kernel = "fused") -> nn.Sequential:
     (length,) = spec.input_shape
     vocab, seq_len = vocab or spec.num_classes, seq_len or length
     if vocab < spec.num_classes or seq_len < length:
         raise SuiteError(f"model.vocab={vocab} / model.seq_len={seq_len} must be at least the data's "
                          f"{spec.num_classes} / {length}; leave them unset to take the data's")
-    blocks = [Block(dim, heads, mlp_ratio) for _ in range(layers)]
+    blocks = [Block(dim, heads, mlp_ratio, attention) for _ in range(layers)]
     head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, vocab))
     return nn.Sequential(Embedding(vocab, seq_len, dim), *blocks, head)

@@ -47,6 +47,35 @@ def test_attention_on_a_gpu_runs_fused_holds_no_score_matrix_and_is_counted_as_o
     assert t["attention"] == pytest.approx(expected, rel=1e-6)
 
 
+def test_math_attention_holds_and_moves_its_score_matrices_and_matches_the_fused_result():
+    """A model run with ``attention: math`` (scores written out, as before fused kernels) is planned
+    with what that costs a GPU: the b x h x s x s scores held for the backward pass and moved
+    through memory, their two products counted as matmuls; its result is the fused kernel's."""
+    from suite.models.attention import attend
+
+    b, h, s, d = 2, 8, 1024, 64
+    counted = {}
+    for kernel in ("fused", "math"):
+        with torch_compat.fused_attention(), torch.device("meta"):
+            q = torch.randn(b, h, s, d, dtype=torch.bfloat16, requires_grad=True)
+            live, ops = LiveBytes(), OpCosts()
+            with live, ops:
+                attend(q, q, q, kernel).sum().backward()
+        counted[kernel] = (live.peak, gpu_ops.time_s(ops.summary(), H100, "bf16"), ops)
+    scores = b * h * s * s * 2
+    assert counted["fused"][0] < scores / 2 and counted["math"][0] >= scores  # the softmax kept for backward
+    math_ops, math_time = counted["math"][2], counted["math"][1]
+    assert not math_ops.attention and math_ops.matmuls  # q kᵀ and p v, forward and backward
+    # masking and softmax, forward and backward, each read and write the scores at least once
+    assert math_time["memory"] > 4 * scores / (H100["memory_bytes_per_s"] * H100["memory_efficiency"])
+    assert math_time["total"] > counted["fused"][1]["total"]
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 9, 8, dtype=torch.float64) for _ in range(3))
+    kv = [t[:, :2] for t in (k, v)]  # grouped-query: two key/value heads serving four query heads
+    for keys in ((k, v), kv):
+        assert torch.allclose(attend(q, *keys, "math"), attend(q, *keys, "fused"), rtol=0, atol=1e-12)
+
+
 def test_every_gpu_preset_says_it_is_from_specs_and_prices_operators():
     for name in ("h100", "h200", "a100", "a100_40gb"):
         p = hardware.preset(name)

@@ -67,3 +67,11 @@ def test_splits_it_cannot_make_give_one_clear_line(strategy, world_size, section
     with pytest.raises(SuiteError) as err:
         make_recipe(strategy, world_size=world_size, **sections)
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parity
+def test_llama_with_math_attention_under_tensor_parallel_matches_the_fused_single_process(llama_baseline, tmp_path):
+    """``attention: math`` (scores written out) is the same function as the fused kernel: under
+    tensor parallelism (each rank its own heads) it trains as the fused model on one process."""
+    math = {**LLAMA, "model": {**LLAMA["model"], "attention": "math"}}
+    assert_matches(step_losses(make_recipe({"name": "tensor"}, world_size=2, **math), tmp_path), llama_baseline[0])
