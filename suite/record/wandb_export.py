@@ -101,7 +101,10 @@ def study_run(folder: Path, recipe: dict, tables: dict[str, list[dict]]) -> str 
             for name, rows in tables.items():
                 if rows:
                     columns = list(dict.fromkeys(k for row in rows for k in row))
-                    run.log({name: wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])})
+                    # a column may hold a number on one row and text on another (a one-rank arm's peak
+                    # memory beside a two-rank arm's "a;b"): W&B refuses such a table unless told
+                    run.log({name: wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows],
+                                               allow_mixed_types=True)})
             close(run)
         return None
     except Exception as e:  # noqa: BLE001 - the study's report is written; W&B only mirrors it

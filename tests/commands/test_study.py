@@ -3,6 +3,7 @@ report sets the published figures beside ours; bad study input is one line."""
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from analysis import wandb_runs
 from suite.study import __main__ as study, arms
 from suite.record.run_record import read_json
 from tests.run_folders import rank_pids
@@ -24,9 +26,12 @@ ARMS = ["allreduce", "ddp", "hogwild", "mpi", "single", "tf_mirrored", "tf_mirro
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("studies")
+    # as a user runs it: W&B at its default (offline), not the test session's disabled
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     proc = subprocess.run([sys.executable, "-m", "suite.study", STUDY, "--repeats", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)  # 10 arms x 2; TF's import ~10 s per run
+                          capture_output=True, text=True, timeout=900, env=env)  # 10 arms x 2; TF's import ~10 s per run
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "W&B" not in proc.stderr, proc.stderr[-2000:]  # every arm's live run and the study's own run written
     report = Path(re.search(r"^study fashion_mnist_dp \(cpu\): (\S+)$", proc.stdout, re.M).group(1))
     return report.parent, report, proc
 
@@ -59,6 +64,10 @@ def test_cpu_profile_runs_every_arm_and_repeat_through_submit(finished):
     assert all(len(pids[arm]) == 1 for arm in ("tf_single", "tf_mirrored", "tf_mirrored_loop", "single")), pids
     assert sorted(p.name for p in (folder / "recipes").iterdir()) == sorted(
         f"{arm}.yaml" for arm in [*ARMS, "large-ddp", "large-single"])
+    # the study's own W&B run, in its arms' group, holds the report's tables
+    (own,) = [d for d in wandb_runs.run_dirs(folder) if wandb_runs.read(d)["id"] == folder.name]
+    logged = {k.split(".")[0] for row in wandb_runs.read(own)["history"] for k in row if k.endswith(".path")}
+    assert {"published_vs_ours", "throughput", "runs"} <= logged, logged
 
 
 @pytest.mark.slow

@@ -192,7 +192,9 @@ def test_a_study_logs_its_comparison_as_a_wandb_table_in_its_own_run_in_the_arms
     monkeypatch.delenv("WANDB_MODE", raising=False)
     folder = tmp_path / "fig3-cpu-20260101-000000"  # the study's folder: its arms' W&B group
     folder.mkdir()
-    rows = [{"arm": "ddp", "published": 1.9, "ours": 1.85}, {"arm": "zero2", "published": 1.7, "ours": None}]
+    # per-rank figures: a number for a one-rank arm, "a;b" text for a two-rank one, as the report writes them
+    rows = [{"arm": "ddp", "published": 1.9, "ours": 1.85, "peak": "7.1;4.6"},
+            {"arm": "zero2", "published": 1.7, "ours": None, "peak": 7.4}]
     assert run_ranks(_study_run, 1, folder, {"published_vs_ours": rows}, timeout_s=120) == [None]
     (written,) = wandb_runs.run_dirs(folder)
     info = wandb_runs.read(written)
@@ -200,5 +202,5 @@ def test_a_study_logs_its_comparison_as_a_wandb_table_in_its_own_run_in_the_arms
     (row,) = [r for r in info["history"] if "published_vs_ours.path" in r]
     assert row["published_vs_ours._type"] == "table-file"
     table = json.loads((written / "files" / row["published_vs_ours.path"]).read_text())
-    assert table["columns"] == ["arm", "published", "ours"]
-    assert table["data"] == [["ddp", 1.9, 1.85], ["zero2", 1.7, None]]
+    assert table["columns"] == ["arm", "published", "ours", "peak"]
+    assert table["data"] == [["ddp", 1.9, 1.85, "7.1;4.6"], ["zero2", 1.7, None, 7.4]]
