@@ -72,14 +72,19 @@ def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) ->
 
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", 0))  # a requeued job announces afresh
         os.environ["SCALESUITE_RENDEZVOUS"] = str(rendezvous.announcement(run_dir, env.job_id, attempt))
-    if env.num_tasks == 1 and not master_port:
-        # A group of one listens on its own node: a port free there and outside the ephemeral range.
-        # submitit's own pick, seeded by the job id in 20000-60000, can be one an outgoing connection
-        # holds (the local Slurm's job 179 drew 44591 and failed with EADDRINUSE).
-        from suite.common.ports import free_port
+    if env.num_tasks == 1:
+        # A group of one on its own host, whatever the environment held: a shell's or an outer
+        # launcher's RANK, WORLD_SIZE or MASTER_ADDR name another group (a stale MASTER_ADDR made a
+        # one-rank run wait 300 s for a node that was gone).
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        if not master_port:
+            # a port free here and outside the ephemeral range. submitit's own pick, seeded by the job
+            # id in 20000-60000, can be one an outgoing connection holds (the local Slurm's job 179
+            # drew 44591 and failed with EADDRINUSE).
+            from suite.common.ports import free_port
 
-        os.environ["MASTER_PORT"] = str(free_port())
-    if env.num_tasks > 1 or "WORLD_SIZE" not in os.environ:
+            os.environ["MASTER_PORT"] = str(free_port())
+    else:
         # Rendezvous from the job itself: first node's name and the port above.
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 

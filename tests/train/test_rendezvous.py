@@ -97,18 +97,25 @@ def test_a_one_task_slurm_job_listens_on_a_port_outside_the_ephemeral_range(monk
 
     from suite.tasks.train import join_rendezvous
 
-    for var in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK"):
-        monkeypatch.delenv(var, raising=False)
+    # what join_rendezvous sets, restored after the test (setenv records the value to put back);
+    # stale values a shell could hold: they must not name the group
+    for var, stale in (("MASTER_PORT", "29500"), ("MASTER_ADDR", "n9"), ("WORLD_SIZE", "4"), ("RANK", "3"),
+                       ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2"), ("SCALESUITE_RENDEZVOUS", "x")):
+        monkeypatch.setenv(var, stale)
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     for var, value in {"SLURM_JOB_ID": "179", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
                        "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1"}.items():
         monkeypatch.setenv(var, value)
     env = submitit.JobEnvironment()
     assert env.num_tasks == 1
+    monkeypatch.delenv("MASTER_PORT")  # submitit's own pick, as a fresh job has it
     submitits = submitit.helpers.TorchDistributedEnvironment().master_port
+    monkeypatch.setenv("MASTER_PORT", "29500")
     low, high = portlib.ephemeral_range()
     assert low <= submitits <= high  # the pick this replaces, for this job id
     join_rendezvous(env, None, None)
     port = int(os.environ["MASTER_PORT"])
     assert not (low <= port <= high) and port != submitits
-    assert os.environ["WORLD_SIZE"] == "1"
+    assert [os.environ[v] for v in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")] == \
+        ["1", "0", "0", "1", "127.0.0.1"]
+    assert "SCALESUITE_RENDEZVOUS" not in os.environ
