@@ -113,6 +113,15 @@ def storage_key(tensor):
     return require_attr(storage, "_cdata", lib=LIB, what="the address of a storage's StorageImpl")
 
 
+def is_wrapper_subclass(tensor) -> bool:
+    """Whether ``tensor`` is a wrapper subclass (DTensor and the like: ``torch.utils.
+    _python_dispatch.is_traceable_wrapper_subclass``), whose memory is its parts', named by
+    ``__tensor_flatten__``. Checked on 2.14.1."""
+    fn = import_internal("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", lib=LIB,
+                         what="telling a wrapper tensor subclass apart")
+    return fn(tensor)
+
+
 def functional_collectives():
     """The operator namespace of torch's functional collectives (``torch.ops._c10d_functional``):
     selective activation checkpointing keeps a reduce-scatter's output by naming its op there,

@@ -3,6 +3,7 @@ compute dtype) on a preset, and the published run the issue names: torchtitan's 
 under FSDP on 8 H100."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -133,3 +134,28 @@ def test_fsdp2s_bf16_policy_gathers_two_byte_parameters_and_reduces_in_fp32():
         {**raw, "strategy": {"name": "fsdp", "mixed_precision": mp}}), 2), 2, "test") for mp in ("fp32", "bf16"))
     assert mixed.comm_bytes["all_gather"] * 2 == plain.comm_bytes["all_gather"]
     assert mixed.comm_bytes["reduce_scatter"] == plain.comm_bytes["reduce_scatter"]
+
+
+DTENSOR_BYTES = r"""
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from suite.compat import torch as torch_compat
+from suite.planner.counting import LiveBytes
+
+dist.init_process_group("fake", rank=0, world_size=8, store=torch_compat.fake_store())
+whole = distribute_tensor(torch.zeros(64, 32), DeviceMesh("cpu", list(range(8))), [Shard(0)])
+with LiveBytes() as live:
+    state = torch.zeros_like(whole)  # as Adam creates its state for a sharded parameter
+print(live.peak, state.to_local().numel() * 4)
+"""
+
+
+def test_a_sharded_dtensor_is_counted_at_its_shards_bytes_not_the_whole_tensors():
+    """FSDP2's parameters and the optimizer's state for them are DTensors: only the local shard
+    holds memory on a rank. The wrapper answers untyped_storage() with a storage the size of the
+    whole tensor; counted, it put FSDP2's Llama-3-8B plan 45 GiB over its real peak."""
+    proc = subprocess.run([sys.executable, "-c", DTENSOR_BYTES], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peak, shard = map(int, proc.stdout.split())
+    assert shard == 8 * 32 * 4 and peak == shard, (peak, shard)
