@@ -29,7 +29,7 @@ def megatron_flops_per_token(layers: int, dim: int, seq: int, vocab: int) -> flo
 def _megatron(name, dim, heads, layers, tp, gpus, batch, tflops):
     # Megatron-LM of 2021 ran attention unfused (its scores written out, before flash attention):
     # attention "math". These rows were first held out; they became dev rows when, after seeing
-    # their error (+11% to +69%), the model gained its attention kernel option.
+    # their error, the model gained its attention kernel option.
     return {"group": "dev", "name": f"Megatron-LM GPT {name}, TP {tp}, DP {gpus // tp}",
             "model": {"name": "transformer", "dim": dim, "heads": heads, "layers": layers, "attention": "math"},
             "vocab": 51200, "seq": 2048, "precision": "bf16",

@@ -4,6 +4,7 @@ start rely on. Every access was checked on torch 2.14.1 (constraints.txt, the te
 """
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import contextmanager
 
@@ -116,10 +117,15 @@ def storage_key(tensor):
 def is_wrapper_subclass(tensor) -> bool:
     """Whether ``tensor`` is a wrapper subclass (DTensor and the like: ``torch.utils.
     _python_dispatch.is_traceable_wrapper_subclass``), whose memory is its parts', named by
-    ``__tensor_flatten__``. Checked on 2.14.1."""
-    fn = import_internal("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", lib=LIB,
-                         what="telling a wrapper tensor subclass apart")
-    return fn(tensor)
+    ``__tensor_flatten__``. Checked on 2.14.1. Found once: the planner asks it of every tensor of
+    every operator."""
+    return _wrapper_check()(tensor)
+
+
+@functools.cache
+def _wrapper_check():
+    return import_internal("torch.utils._python_dispatch", "is_traceable_wrapper_subclass", lib=LIB,
+                           what="telling a wrapper tensor subclass apart")
 
 
 def functional_collectives():

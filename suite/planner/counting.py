@@ -40,8 +40,8 @@ def _tensors(value) -> list:
 def _storages(value) -> list:
     """The tensors of ``value`` that own memory: a wrapper subclass (DTensor) stands for its
     parts (its local shard), never for itself. A DTensor answers ``untyped_storage()`` with one the
-    size of the whole, unsharded tensor, which holds no memory: counted, FSDP2's Adam state was
-    counted at full size beside its shards (1.6 GiB too many per Llama-8B block on 8 ranks)."""
+    size of the whole, unsharded tensor, which holds no memory: counted, FSDP2's Adam state would
+    be counted at full size beside its shards."""
     out = []
     for t in _tensors(value):
         if torch_compat.is_wrapper_subclass(t):

@@ -89,7 +89,8 @@ def _named_things(value, folders: tuple = ()) -> list:
     the enclosing section's ``pythonpath``, searched first, as the run will."""
     found = []
     if isinstance(value, dict):
-        inner = tuple(value.get("pythonpath") or ()) if isinstance(value.get("pythonpath"), list) else folders
+        paths = value.get("pythonpath")
+        inner = tuple(paths) if isinstance(paths, list) else folders
         for item in value.values():
             found += _named_things(item, inner)
     elif isinstance(value, list):

@@ -74,8 +74,7 @@ def join_rendezvous(env, master_port: int | None, run_dir: str | None = None) ->
         os.environ["SCALESUITE_RENDEZVOUS"] = str(rendezvous.announcement(run_dir, env.job_id, attempt))
     if env.num_tasks == 1:
         # A group of one on its own host, whatever the environment held: a shell's or an outer
-        # launcher's RANK, WORLD_SIZE or MASTER_ADDR name another group (a stale MASTER_ADDR made a
-        # one-rank run wait 300 s for a node that was gone).
+        # launcher's RANK, WORLD_SIZE or MASTER_ADDR name another group, on a node that may be gone.
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         if not master_port:
             # a port free here and outside the ephemeral range. submitit's own pick, seeded by the job

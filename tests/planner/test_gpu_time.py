@@ -154,7 +154,7 @@ print(live.peak, state.to_local().numel() * 4)
 def test_a_sharded_dtensor_is_counted_at_its_shards_bytes_not_the_whole_tensors():
     """FSDP2's parameters and the optimizer's state for them are DTensors: only the local shard
     holds memory on a rank. The wrapper answers untyped_storage() with a storage the size of the
-    whole tensor; counted, it put FSDP2's Llama-3-8B plan 45 GiB over its real peak."""
+    whole tensor; counted, FSDP2's plans held the optimizer's state at full size."""
     proc = subprocess.run([sys.executable, "-c", DTENSOR_BYTES], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak, shard = map(int, proc.stdout.split())
